@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hf_tpu-installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-all demo opinfo bench bench-eager lint format
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# the CPU build of torch lies on disk; install it first so the range below pulls nothing else
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-all: install
+	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m compat nightly --sample smoke --device tpu
+
+opinfo: install
+	$(PY) -m tests.opinfo_report --out reports/opinfo
+
+bench-eager: install
+	$(PY) benchmarks/bench_eager.py --out reports/bench
+
+bench: bench-eager
+
+lint: install
+	$(PY) -m ruff format --check hf_tpu compat tests benchmarks
+	$(PY) -m ruff check hf_tpu compat tests benchmarks
+
+format: install
+	$(PY) -m ruff format hf_tpu compat tests benchmarks
+	$(PY) -m ruff check --fix hf_tpu compat tests benchmarks

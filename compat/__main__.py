@@ -1,0 +1,3 @@
+from compat.cli import main
+
+raise SystemExit(main())

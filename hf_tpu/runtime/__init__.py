@@ -1,0 +1,1 @@
+"""The `tpu` device for PyTorch on JAX/XLA: registration, tensors, lowerings, eager modes."""

@@ -1,0 +1,52 @@
+"""`torch.accelerator.*` for tpu: the C++ paths need a C++ allocator/guard we do not have, so the
+functions that would raise are routed to `torch.tpu` while tpu is the current accelerator."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_ROUTED = {
+    "synchronize": "synchronize",
+    "empty_cache": "empty_cache",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "memory_stats": "memory_stats",
+    "get_memory_info": "mem_get_info",
+    "current_stream": "current_stream",
+    "set_stream": "set_stream",
+}
+_installed = False
+
+
+def _is_tpu_current() -> bool:
+    acc = torch.accelerator.current_accelerator()
+    return acc is not None and acc.type == "tpu"
+
+
+def _route(name: str, original):
+    @functools.wraps(original)
+    def routed(*args, **kwargs):
+        if _is_tpu_current():
+            return getattr(torch.tpu, _ROUTED[name])(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    routed.__hf_tpu_routed__ = True
+    return routed
+
+
+def install() -> None:
+    global _installed
+    if _installed:
+        return
+    for name in _ROUTED:
+        for module in (torch.accelerator, getattr(torch.accelerator, "memory", None)):
+            original = getattr(module, name, None) if module is not None else None
+            if original is None or getattr(original, "__hf_tpu_routed__", False):
+                continue
+            setattr(module, name, _route(name, original))
+    _installed = True

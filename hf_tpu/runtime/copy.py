@@ -1,0 +1,141 @@
+"""Host <-> device copies, casts and scalar reads: `.to`, `.cpu()`, `.item()`, `copy_`."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+from hf_tpu.runtime import platform
+from hf_tpu.runtime.dtypes import numpy_from_torch, to_jax_dtype, torch_from_numpy
+from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.tensor import new_strided, new_tensor, to_jax, write
+
+
+def host_to_jax(t: torch.Tensor):
+    """A device buffer holding a copy of CPU tensor `t` (jax.device_put copies, so later CPU writes don't leak)."""
+    jax = platform.jax()
+    to_jax_dtype(t.dtype)  # clear error for unsupported dtypes
+    return jax.device_put(
+        numpy_from_torch(t.contiguous() if not t.is_contiguous() else t), platform.default_device()
+    )
+
+
+def jax_to_host(a) -> torch.Tensor:
+    import numpy as np
+
+    return torch_from_numpy(np.asarray(a))
+
+
+@cache
+def _convert(shape, dtype):
+    jax = platform.jax()
+
+    def convert(x):
+        return jax.numpy.broadcast_to(x.astype(dtype), shape)
+
+    return jax.jit(convert)
+
+
+def _fit(a, shape, dtype):
+    jdt = to_jax_dtype(dtype)
+    if a.dtype == jdt and tuple(a.shape) == tuple(shape):
+        return a
+    return _convert(tuple(shape), jdt)(a)
+
+
+@lowers("aten::copy_", kind="host")
+def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if self.device.type == "tpu":
+        if src.device.type == "tpu":
+            value = to_jax(src)
+        elif src.device.type == "cpu":
+            value = host_to_jax(src)
+        else:
+            raise RuntimeError(f"hf_tpu: cannot copy from {src.device} to tpu; move it to cpu first")
+        write(self, _fit(value, self.shape, self.dtype))
+        return self
+    # tpu -> host
+    host = jax_to_host(to_jax(src))
+    return self.copy_(host)
+
+
+@lowers("aten::_copy_from", kind="host")
+def _copy_from(self: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    return copy_(dst, self, non_blocking)
+
+
+@lowers("aten::_copy_from_and_resize", kind="host")
+def _copy_from_and_resize(self: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if tuple(dst.shape) != tuple(self.shape):
+        dst.resize_(self.shape)
+    return copy_(dst, self)
+
+
+@lowers("aten::_to_copy", kind="host")
+def _to_copy(
+    self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None
+):
+    dtype = dtype or self.dtype
+    target = torch.device(device) if device is not None else self.device
+    if target.type == "tpu":
+        if self.device.type == "tpu":
+            return new_tensor(self.shape, dtype, _fit(to_jax(self), self.shape, dtype))
+        value = host_to_jax(self)
+        return new_tensor(self.shape, dtype, _fit(value, self.shape, dtype))
+    if target.type == "cpu":
+        host = jax_to_host(to_jax(self))
+        return host if host.dtype == dtype else host.to(dtype)
+    return self.cpu().to(device=target, dtype=dtype)
+
+
+@lowers("aten::_local_scalar_dense", kind="host")
+def _local_scalar_dense(self: torch.Tensor):
+    value = to_jax(self)
+    return jax_to_host(value).item()
+
+
+@lowers("aten::empty.memory_format", kind="host")
+def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    dtype = dtype or torch.get_default_dtype()
+    to_jax_dtype(dtype)
+    if memory_format in (torch.channels_last, torch.channels_last_3d) and len(size) in (4, 5):
+        stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
+        return new_strided(size, stride, dtype)
+    return new_tensor(size, dtype)
+
+
+@lowers("aten::empty_strided", kind="host")
+def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    dtype = dtype or torch.get_default_dtype()
+    to_jax_dtype(dtype)
+    return new_strided(size, stride, dtype)
+
+
+@lowers("aten::resize_", kind="host")
+def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
+    """Grow into a new storage when needed, keeping the old values (PyTorch semantics)."""
+    import math
+
+    size = tuple(size)
+    needed = (self.storage_offset() + math.prod(size)) * self.dtype.itemsize
+    storage = self.untyped_storage()
+    if needed <= storage.nbytes():
+        self.as_strided_(size, _contig(size))
+        return self
+    old = to_jax(self) if self.numel() else None
+    fresh = new_tensor(size, self.dtype)
+    if old is not None:
+        jnp = platform.jax().numpy
+        flat = (
+            jnp.zeros(math.prod(size), dtype=old.dtype).at[: old.size].set(old.reshape(-1)[: math.prod(size)])
+        )
+        write(fresh, flat.reshape(size))
+    self.set_(fresh.untyped_storage(), 0, size, _contig(size))
+    return self
+
+
+def _contig(size):
+    from hf_tpu.runtime.tensor import contiguous_strides
+
+    return contiguous_strides(tuple(size))

@@ -1,0 +1,341 @@
+"""`torch.tpu`: the device module, shaped like `torch.cuda` and named like TorchTPU's.
+
+`tpu:0` is one logical device spanning all local chips; `device_count()` reports chips (DESIGN §3.3).
+Functions that need JAX initialize it lazily; `is_available()` does not import JAX.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random as _random
+import time
+
+import torch
+
+from hf_tpu.runtime import memory as _memory
+from hf_tpu.runtime import platform as _platform
+from hf_tpu.runtime.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode
+from hf_tpu.runtime.rng import GENERATOR as _GENERATOR
+from hf_tpu.runtime.storage import REGISTRY as _REGISTRY
+
+__all__ = [
+    "EagerMode",
+    "Event",
+    "Stream",
+    "current_device",
+    "current_stream",
+    "default_stream",
+    "device",
+    "device_count",
+    "eager_mode",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_device_name",
+    "get_eager_mode",
+    "get_rng_state",
+    "get_rng_state_all",
+    "initial_seed",
+    "is_available",
+    "is_bf16_supported",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_eager_mode",
+    "set_rng_state",
+    "set_rng_state_all",
+    "set_stream",
+    "stream",
+    "synchronize",
+]
+
+_initial_seed = _GENERATOR.seed
+
+
+def is_available() -> bool:
+    """True: the device always has a backing JAX platform (TPU, else GPU, else CPU)."""
+    return True
+
+
+def is_initialized() -> bool:
+    return _platform.is_initialized()
+
+
+def _lazy_init() -> None:
+    _platform.devices()
+
+
+def init() -> None:
+    _lazy_init()
+
+
+def device_count() -> int:
+    """Number of local chips behind the one logical `tpu:0` device."""
+    return len(_platform.devices())
+
+
+def current_device() -> int:
+    return 0
+
+
+def _check_index(device) -> int:
+    if device is None:
+        return 0
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"expected a tpu device, got {device}")
+        index = device.index or 0
+    else:
+        index = int(device)
+    if index != 0:
+        raise ValueError(
+            f"tpu:{index} does not exist: hf_tpu exposes all {device_count()} local chip(s) as one logical device "
+            "tpu:0 (weights are sharded across chips by placement, not by device index). Use 'tpu' or 'tpu:0'."
+        )
+    return index
+
+
+def set_device(device) -> None:
+    _check_index(device)
+
+
+class device:  # noqa: N801 - mirrors torch.cuda.device
+    """Context manager selecting the tpu device (only index 0 exists)."""
+
+    def __init__(self, device) -> None:
+        _check_index(device)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+def get_device_name(device=None) -> str:
+    _check_index(device)
+    d = _platform.default_device()
+    return f"{getattr(d, 'device_kind', d.platform)} ({d.platform}, {device_count()} chip(s))"
+
+
+def get_device_capability(device=None) -> dict:
+    _check_index(device)
+    return {"platform": _platform.platform_name(), "chips": device_count()}
+
+
+def synchronize(device=None) -> None:
+    """Wait until every buffer of every live tpu tensor is computed."""
+    _check_index(device)
+    if not _platform.is_initialized():
+        return
+    jax = _platform.jax()
+    arrays = [p.array for p in list(_REGISTRY._payloads.values()) if p.array is not None]
+    if arrays:
+        jax.block_until_ready(arrays)
+
+
+# -- RNG ---------------------------------------------------------------------------------------------
+def manual_seed(seed: int) -> None:
+    global _initial_seed
+    _initial_seed = int(seed)
+    _GENERATOR.manual_seed(int(seed))
+
+
+manual_seed_all = manual_seed
+
+
+def seed() -> None:
+    manual_seed(_random.getrandbits(63))
+
+
+seed_all = seed
+
+
+def initial_seed() -> int:
+    return _initial_seed
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    _check_index(device)
+    return _GENERATOR.get_state()
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state()]
+
+
+def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
+    _check_index(device)
+    _GENERATOR.set_state(new_state)
+
+
+def set_rng_state_all(new_states) -> None:
+    set_rng_state(new_states[0])
+
+
+# -- AMP ---------------------------------------------------------------------------------------------
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+# -- memory --------------------------------------------------------------------------------------------
+def empty_cache() -> None:
+    """Drop the buffers of dead storages now (XLA frees device memory when buffers die)."""
+    _REGISTRY.sweep()
+
+
+def memory_allocated(device=None) -> int:
+    _check_index(device)
+    _REGISTRY.sweep()
+    return _REGISTRY.allocated
+
+
+def max_memory_allocated(device=None) -> int:
+    _check_index(device)
+    return _REGISTRY.peak
+
+
+def memory_reserved(device=None) -> int:
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device=None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _check_index(device)
+    _REGISTRY.reset_peak()
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def memory_stats(device=None) -> dict:
+    _check_index(device)
+    _REGISTRY.sweep()
+    return {
+        "allocated_bytes.all.current": _REGISTRY.allocated,
+        "allocated_bytes.all.peak": _REGISTRY.peak,
+        "reserved_bytes.all.current": _REGISTRY.allocated,
+        "active.all.current": len(_REGISTRY._payloads),
+        "bytes_limit": _memory.capacity(),
+    }
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """(free, total) bytes of the device (all chips together)."""
+    _check_index(device)
+    total = _memory.capacity()
+    return max(total - memory_allocated(), 0), total
+
+
+# -- streams and events: valid objects with synchronous semantics ----------------------------------------
+class Stream:
+    """A tpu stream. JAX orders work itself; synchronize() waits for everything in flight."""
+
+    def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
+        self.device = torch.device("tpu", _check_index(device))
+        self.priority = priority
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        synchronize()
+        return True
+
+    def wait_stream(self, stream: Stream) -> None:
+        stream.synchronize()
+
+    def wait_event(self, event: Event) -> None:
+        event.synchronize()
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = event or Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Stream)
+
+    def __hash__(self) -> int:
+        return hash(("tpu-stream", 0))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<torch.tpu.Stream device=tpu:0>"
+
+
+class Event:
+    def __init__(
+        self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> None:
+        self.enable_timing = enable_timing
+        self._time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        synchronize()
+        self._time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        synchronize()
+
+    def wait(self, stream: Stream | None = None) -> None:
+        synchronize()
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end_event: Event) -> float:
+        if self._time is None or end_event._time is None:
+            raise RuntimeError("both events must be recorded before elapsed_time()")
+        return (end_event._time - self._time) * 1000.0
+
+
+_DEFAULT_STREAM = None
+
+
+def default_stream(device=None) -> Stream:
+    global _DEFAULT_STREAM
+    if _DEFAULT_STREAM is None:
+        _DEFAULT_STREAM = Stream()
+    return _DEFAULT_STREAM
+
+
+def current_stream(device=None) -> Stream:
+    return default_stream(device)
+
+
+def set_stream(stream: Stream) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None):
+    yield s
+
+
+def _is_in_bad_fork() -> bool:
+    return False

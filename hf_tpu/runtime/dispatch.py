@@ -1,0 +1,527 @@
+"""From the PyTorch dispatcher to JAX: one kernel per lowered overload, plus the boxed fallback.
+
+Each lowered overload gets a PrivateUse1 kernel that unwraps tpu tensors into jax.Arrays, looks up a
+jitted executable cached per (op, static args, shapes, dtypes), runs it, and wraps the results. The
+in-place (`add_`) and out= (`add.out`) variants of a lowered op are derived from it: compute
+functionally, then write into the destination through its views. Output dtypes follow PyTorch exactly
+because each cache entry asks the op's meta kernel once what PyTorch would return. Everything not in
+the table reaches the boxed fallback: torch's decompositions, then (opt-in) CPU, then a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import traceback
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from hf_tpu.runtime import memory, modes, platform, rng
+from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.lowering_table import TABLE, Lowering
+from hf_tpu.runtime.tensor import DeviceMismatchError, to_jax, wrap, write
+
+# argument kinds
+_T, _TL, _S, _STATIC, _GEN = range(5)
+_META = torch.device("meta")
+
+
+class LoweringMissing(NotImplementedError):
+    pass
+
+
+def _kind(arg) -> int:
+    t = str(arg.type)
+    if t in ("Tensor", "Optional[Tensor]"):
+        return _T
+    if t in ("List[Tensor]", "List[Optional[Tensor]]"):
+        return _TL
+    if t in ("number", "Optional[number]"):
+        return _S
+    if t == "Optional[Generator]":
+        return _GEN
+    return _STATIC
+
+
+class _Signature:
+    """What the kernels need to know about a schema, computed once per overload."""
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        args = op._schema.arguments
+        self.names = [a.name for a in args]
+        self.kinds = tuple(_kind(a) for a in args)
+        self.n_positional = sum(1 for a in args if not a.kwarg_only)
+        self.defaults = [a.default_value if a.has_default_value() else None for a in args]
+        self.kwarg_only = [a.name for a in args if a.kwarg_only]
+        self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+
+    def normalize(self, args: tuple, kwargs: dict) -> list:
+        full = list(args)
+        n = len(full)
+        if n < len(self.names):
+            for i in range(n, len(self.names)):
+                name = self.names[i]
+                full.append(kwargs[name] if name in kwargs else self.defaults[i])
+        return full
+
+    def split(self, full: list) -> tuple[list, dict]:
+        pos = full[: self.n_positional]
+        kw = {name: full[self.n_positional + i] for i, name in enumerate(self.kwarg_only)}
+        return pos, kw
+
+
+def _freeze(value):
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _meta_of(value):
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and value.dim() == 0:
+            return value
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+    if isinstance(value, list | tuple):
+        return type(value)(_meta_of(v) for v in value)
+    if isinstance(value, torch.device):
+        return _META
+    return value
+
+
+def _out_spec(result):
+    """(shape, dtype) per output tensor of a meta run, None where unknown."""
+    if isinstance(result, torch.Tensor):
+        return (tuple(result.shape), result.dtype)
+    if isinstance(result, list | tuple):
+        return tuple(_out_spec(r) for r in result)
+    return None
+
+
+def _meta_run(op, sig: _Signature, full: list):
+    """Ask PyTorch's meta kernel what `op` returns; None where it cannot say (data-dependent etc.)."""
+    pos, kw = sig.split([_meta_of(v) if k != _GEN else None for v, k in zip(full, sig.kinds)])
+    if "device" in kw and kw["device"] is not None:
+        kw["device"] = _META
+    try:
+        return _out_spec(op(*pos, **kw))
+    except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
+        return None
+    except RuntimeError as exc:
+        text = str(exc)
+        if "meta" in text.lower() and ("not implemented" in text.lower() or "could not run" in text.lower()):
+            return None
+        if "data-dependent" in text or "Cannot copy out of meta tensor" in text:
+            return None
+        raise
+
+
+def _cast_like(jnp, result, spec):
+    if spec is None:
+        return result
+    if isinstance(result, list | tuple):
+        return type(result)(_cast_like(jnp, r, s) for r, s in zip(result, spec))
+    shape, dtype = spec
+    jdt = to_jax_dtype(dtype)
+    if result.dtype != jdt:
+        result = result.astype(jdt)
+    if tuple(result.shape) != shape:
+        result = jnp.broadcast_to(result, shape) if result.size != _prod(shape) else result.reshape(shape)
+    return result
+
+
+def _prod(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class _Entry:
+    __slots__ = ("fn", "spec")
+
+    def __init__(self, fn, spec):
+        self.fn = fn
+        self.spec = spec
+
+
+def _user_frame() -> str:
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        f = frame.filename
+        if "/torch/" in f or "/hf_tpu/runtime/" in f or "/jax/" in f or "/jaxlib/" in f or f.startswith("<"):
+            continue
+        return f"{f}:{frame.lineno} in {frame.name}"
+    return "<unknown>"
+
+
+def _describe(full: list, kinds) -> str:
+    parts = []
+    for v, k in zip(full, kinds):
+        if k == _T and isinstance(v, torch.Tensor):
+            parts.append(f"Tensor{list(v.shape)}:{str(v.dtype).removeprefix('torch.')}@{v.device}")
+        elif k == _TL and v is not None:
+            parts.append(
+                "["
+                + ", ".join(
+                    f"Tensor{list(x.shape)}:{str(x.dtype).removeprefix('torch.')}"
+                    if x is not None
+                    else "None"
+                    for x in v
+                )
+                + "]"
+            )
+    return ", ".join(parts) or "no tensor inputs"
+
+
+def op_failure(op, full, kinds, exc: BaseException) -> BaseException:
+    """A clear error naming the op, its inputs and the user's frame; OOM becomes torch.OutOfMemoryError."""
+    where = _user_frame()
+    if memory.is_jax_oom(exc):
+        return memory.oom_from_jax(exc, f"{op} on {_describe(full, kinds)} (at {where})")
+    return RuntimeError(
+        f"hf_tpu: {op} failed on ({_describe(full, kinds)}) at {where}: {type(exc).__name__}: {exc}"
+    )
+
+
+class OpKernel:
+    """The PrivateUse1 kernel of one overload: functional, in-place (`mode='inplace'`) or out=."""
+
+    def __init__(self, op, lowering: Lowering, mode: str = "functional", functional=None) -> None:
+        self.op = op
+        self.lowering = lowering
+        self.mode = mode
+        self.sig = _Signature(op)
+        # in-place/out=: the functional overload whose schema the lowering is written for
+        self.functional = functional or op
+        self.fsig = _Signature(self.functional) if functional is not None else self.sig
+        self.cache: dict = {}
+        self.lock = threading.Lock()
+
+    # -- entry point from the dispatcher --------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        full = self.sig.normalize(args, kwargs)
+        if self.mode == "functional":
+            results, spec = self.run(full, full)
+            return self._wrap(results, spec)
+        if self.mode == "inplace":
+            dest = full[0]
+            results, _ = self.run(full, full)
+            self._store(dest, results, dest.shape, dest.dtype, full)
+            return dest
+        # out=
+        outs = [full[i] for i in self.sig.mutable]
+        fargs = [v for i, v in enumerate(full) if i not in self.sig.mutable]
+        results, spec = self.run(fargs, full)
+        if len(outs) == 1:
+            self._store_out(outs[0], results, spec, full)
+            return outs[0]
+        for o, r, s in zip(outs, results, spec or [None] * len(outs)):
+            self._store_out(o, r, s, full)
+        return tuple(outs)
+
+    def _store(self, dest, value, shape, dtype, full):
+        jnp = platform.jax().numpy
+        jdt = to_jax_dtype(dtype)
+        if value.dtype != jdt:
+            value = value.astype(jdt)
+        if tuple(value.shape) != tuple(shape):
+            value = jnp.broadcast_to(value, tuple(shape))
+        try:
+            write(dest, value)
+        except Exception as exc:  # noqa: BLE001 - re-raised with context
+            raise op_failure(self.op, full, self.sig.kinds, exc) from exc
+
+    def _store_out(self, out, value, spec, full):
+        dtype = spec[1] if spec else to_torch_dtype(value.dtype)
+        if not torch.can_cast(dtype, out.dtype):
+            raise RuntimeError(
+                f"result type {_dtype_name(dtype)} can't be cast to the desired output type {_dtype_name(out.dtype)}"
+            )
+        shape = tuple(value.shape)
+        if tuple(out.shape) != shape:
+            out.resize_(shape)
+        self._store(out, value, shape, out.dtype, full)
+
+    def _wrap(self, results, spec):
+        if isinstance(results, list | tuple):
+            return type(results)(
+                wrap(r, s[1] if s else None) for r, s in zip(results, spec or [None] * len(results))
+            )
+        return wrap(results, spec[1] if spec else None)
+
+    # -- the cached, jitted computation -----------------------------------------------------------
+    def run(self, fargs: list, full: list):
+        """Execute the lowering on `fargs` (the functional op's arguments); returns (arrays, meta spec)."""
+        kinds = self.fsig.kinds
+        leaves = []
+        key = []
+        static_scalars = self.lowering.static_scalars
+        try:
+            for v, k in zip(fargs, kinds):
+                if k == _T:
+                    if v is None:
+                        key.append(None)
+                    elif type(v) in (int, float, bool):  # a wrapped number arrives as a Python scalar
+                        leaves.append(v)
+                        key.append(type(v))
+                    else:
+                        a = to_jax(v)
+                        leaves.append(a)
+                        key.append(a.shape)
+                        key.append(a.dtype)
+                elif k == _TL:
+                    sub = []
+                    for x in v:
+                        if x is None:
+                            sub.append(None)
+                        else:
+                            a = to_jax(x)
+                            leaves.append(a)
+                            sub.append((a.shape, a.dtype))
+                    key.append(tuple(sub))
+                elif k == _S and not static_scalars and v is not None and type(v) in (int, float):
+                    leaves.append(v)
+                    key.append(type(v))
+                elif k == _GEN:
+                    if v is not None:
+                        return self._run_with_cpu_generator(fargs, full)
+                    key.append(None)
+                else:
+                    key.append(_freeze(v))
+        except DeviceMismatchError:
+            raise
+        key = tuple(key)
+        entry = self.cache.get(key)
+        if entry is None:
+            entry = self._build(fargs, full)
+            with self.lock:
+                self.cache[key] = entry
+        if self.lowering.random:
+            leaves.insert(0, rng.next_key())
+        try:
+            results = entry.fn(*leaves)
+            if modes.launch_blocking():
+                platform.jax().block_until_ready(results)
+        except Exception as exc:  # noqa: BLE001 - JAX errors become op-named errors
+            raise op_failure(self.op, full, self.sig.kinds, exc) from exc
+        return results, entry.spec
+
+    def _build(self, fargs: list, full: list) -> _Entry:
+        # what PyTorch would return (dtype, shape); the in-place/out= op itself validates its arguments
+        if self.mode == "inplace":
+            spec = _meta_run(self.op, self.sig, full)
+        else:
+            spec = _meta_run(self.functional, self.fsig, fargs)
+        kinds = self.fsig.kinds
+        static_scalars = self.lowering.static_scalars
+        template = list(fargs)
+        fn = self.lowering.fn
+        is_random = self.lowering.random
+        jax = platform.jax()
+        jnp = jax.numpy
+
+        def call(*leaves):
+            it = iter(leaves)
+            args = [next(it)] if is_random else []
+            for v, k in zip(template, kinds):
+                if k == _T:
+                    args.append(None if v is None else next(it))
+                elif k == _TL:
+                    args.append([None if x is None else next(it) for x in v])
+                elif k == _S and not static_scalars and v is not None and type(v) in (int, float):
+                    args.append(next(it))
+                else:
+                    args.append(v)
+            return _cast_like(jnp, fn(*args), spec)
+
+        return _Entry(jax.jit(call), spec)
+
+    def _run_with_cpu_generator(self, fargs, full):
+        """A CPU `torch.Generator` was passed: draw on CPU with it (exact CPU stream), then copy over."""
+        cpu_args = [_to_cpu(v) for v in fargs]
+        pos, kw = self.fsig.split(cpu_args)
+        result = self.functional(*pos, **kw)
+        jax = platform.jax()
+        from hf_tpu.runtime.copy import host_to_jax
+
+        if isinstance(result, torch.Tensor):
+            return host_to_jax(result), (tuple(result.shape), result.dtype)
+        arrays = tuple(host_to_jax(r) for r in result)
+        del jax
+        return arrays, tuple((tuple(r.shape), r.dtype) for r in result)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {
+        torch.float32: "Float",
+        torch.float64: "Double",
+        torch.int64: "Long",
+        torch.int32: "Int",
+        torch.bool: "Bool",
+        torch.float16: "Half",
+        torch.bfloat16: "BFloat16",
+        torch.int16: "Short",
+        torch.int8: "Char",
+        torch.uint8: "Byte",
+        torch.complex64: "ComplexFloat",
+    }.get(dtype, str(dtype))
+
+
+def _to_cpu(v):
+    if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+        return v.cpu()
+    if isinstance(v, list | tuple):
+        return type(v)(_to_cpu(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("cpu")
+    return v
+
+
+# -- deriving in-place and out= variants ---------------------------------------------------------
+def _arg_names(op) -> list[str]:
+    return [a.name for a in op._schema.arguments]
+
+
+def functional_of(op) -> torch._ops.OpOverload | None:
+    """The functional overload an in-place/out= overload computes (add_.Tensor -> add.Tensor)."""
+    schema = op._schema
+    name = schema.name.removeprefix("aten::")
+    sig = _Signature(op)
+    if not sig.mutable:
+        return None
+    if sig.mutable == [0] and name.endswith("_") and not schema.arguments[0].kwarg_only:
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        if packet is None:
+            return None
+        target = _arg_names(op)
+        for ov in packet.overloads():
+            cand = getattr(packet, ov)
+            if _Signature(cand).mutable:
+                continue
+            if _arg_names(cand) == target:
+                return cand
+        return None
+    # out= variant: same packet, same arguments minus the written ones
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return None
+    target = [n for i, n in enumerate(_arg_names(op)) if i not in sig.mutable]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if cand is op or _Signature(cand).mutable:
+            continue
+        if _arg_names(cand) == target:
+            return cand
+    return None
+
+
+def derived_kernel(op) -> OpKernel | None:
+    func = functional_of(op)
+    if func is None or func not in TABLE or TABLE[func].kind != "jit":
+        return None
+    mode = "inplace" if op._schema.name.endswith("_") and _Signature(op).mutable == [0] else "out"
+    return OpKernel(op, TABLE[func], mode=mode, functional=func)
+
+
+# -- the boxed fallback: decompositions, opt-in CPU, clear errors ---------------------------------
+_fallback_cache: dict = {}
+_warned_cpu: set = set()
+_local = threading.local()
+
+
+def _cpu_fallback_enabled() -> bool:
+    return os.environ.get("HF_TPU_CPU_FALLBACK", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _decomposition(op) -> Callable | None:
+    from torch._decomp import decomposition_table
+
+    fn = decomposition_table.get(op)
+    if fn is not None:
+        return fn
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        return op.decompose
+    return None
+
+
+def fallback(op, *args, **kwargs):
+    """Boxed PrivateUse1 fallback for every op without a registered kernel."""
+    from hf_tpu.runtime import registration
+
+    if not registration._kernels_ready:
+        registration.ensure_kernels()
+        return op(*args, **kwargs)  # now reaches its own kernel, if it has one
+    handler = _fallback_cache.get(op)
+    if handler is None:
+        handler = _fallback_handler(op)
+        _fallback_cache[op] = handler
+    return handler(*args, **kwargs)
+
+
+def _fallback_handler(op):
+    kernel = derived_kernel(op)
+    if kernel is not None:
+        return kernel
+    lowering = TABLE.get(op)
+    if lowering is not None:
+        return lowering.fn if lowering.kind == "host" else OpKernel(op, lowering)
+    decomp = _decomposition(op)
+    if decomp is not None:
+
+        def run_decomposition(*args, **kwargs):
+            depth = getattr(_local, "depth", {})
+            _local.depth = depth
+            if depth.get(op, 0) > 0:
+                return _missing(op, args, kwargs)
+            depth[op] = depth.get(op, 0) + 1
+            try:
+                return decomp(*args, **kwargs)
+            finally:
+                depth[op] -= 1
+
+        return run_decomposition
+    return lambda *args, **kwargs: _missing(op, args, kwargs)
+
+
+def _missing(op, args, kwargs):
+    if _cpu_fallback_enabled():
+        return cpu_fallback(op, args, kwargs)
+    sig = _Signature(op)
+    full = sig.normalize(args, kwargs)
+    raise LoweringMissing(
+        f"hf_tpu has no lowering for {op._schema.name}.{op._overloadname} "
+        f"(inputs: {_describe(full, sig.kinds)}). Set HF_TPU_CPU_FALLBACK=1 to run this op on CPU and copy "
+        "the result back (slow), or add a lowering in hf_tpu/runtime/lowerings/."
+    )
+
+
+def cpu_fallback(op, args, kwargs):
+    """Run `op` on CPU copies of its tpu arguments, copy results and mutated arguments back."""
+    if op not in _warned_cpu:
+        _warned_cpu.add(op)
+        warnings.warn(
+            f"hf_tpu: {op} has no tpu lowering; running it on CPU (HF_TPU_CPU_FALLBACK=1). This is slow.",
+            stacklevel=3,
+        )
+    cpu_args = [_to_cpu(a) for a in args]
+    cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
+    result = op(*cpu_args, **cpu_kwargs)
+    sig = _Signature(op)
+    full = sig.normalize(args, kwargs)
+    cpu_full = sig.normalize(tuple(cpu_args), cpu_kwargs)
+    for i in sig.mutable:
+        if isinstance(full[i], torch.Tensor) and full[i].device.type == "tpu":
+            full[i].copy_(cpu_full[i])
+    mutated_ids = {id(cpu_full[i]): full[i] for i in sig.mutable}
+
+    def back(r):
+        if isinstance(r, torch.Tensor):
+            if id(r) in mutated_ids:
+                return mutated_ids[id(r)]
+            return r.to("tpu")
+        if isinstance(r, list | tuple):
+            return type(r)(back(x) for x in r)
+        return r
+
+    return back(result)

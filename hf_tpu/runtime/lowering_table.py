@@ -1,0 +1,55 @@
+"""The one table of ATen -> JAX lowerings, shared by Strict/Debug eager, DeferAndFuse and compiled.
+
+A lowering is a plain function written as math on `jax.Array`s. It receives the op's arguments in
+schema order (tensors as arrays, everything else as Python values) and returns array(s). Families of
+ops live in `hf_tpu.runtime.lowerings.*` and register here with `@lowers("aten::op.overload", ...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class Lowering:
+    fn: Callable
+    # "jit": pure JAX, traced and cached per (op, static args, shapes, dtypes).
+    # "host": runs eagerly with the torch arguments themselves (copies, factories, data-dependent shapes).
+    kind: str = "jit"
+    # Scalar arguments are traced (no recompile per value) unless the lowering needs them static.
+    static_scalars: bool = False
+    # Random ops get a fresh PRNG key from the device generator as their first argument.
+    random: bool = False
+
+
+TABLE: dict[torch._ops.OpOverload, Lowering] = {}
+
+
+def resolve(name: str) -> torch._ops.OpOverload:
+    """'aten::add.Tensor' (or 'add.Tensor', 'add') -> torch.ops.aten.add.Tensor."""
+    name = name.removeprefix("aten::")
+    base, _, overload = name.partition(".")
+    packet = getattr(torch.ops.aten, base)
+    return getattr(packet, overload or "default")
+
+
+def lowers(*names: str, kind: str = "jit", static_scalars: bool = False, random: bool = False):
+    """Register the decorated function as the lowering of each named overload."""
+
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            try:
+                op = resolve(name)
+            except AttributeError:  # an overload this torch version lacks
+                continue
+            TABLE[op] = Lowering(fn, kind=kind, static_scalars=static_scalars, random=random)
+        return fn
+
+    return register
+
+
+def lowered_ops() -> list[str]:
+    return sorted(str(op) for op in TABLE)

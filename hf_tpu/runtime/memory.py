@@ -1,0 +1,75 @@
+"""Device memory: capacity, the numbers behind torch.tpu.memory_allocated & co, and OutOfMemoryError."""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+import torch
+
+from hf_tpu.runtime import platform
+
+
+def _parse_bytes(text: str) -> int:
+    text = text.strip().upper()
+    for suffix, mult in (("GB", 1 << 30), ("G", 1 << 30), ("MB", 1 << 20), ("M", 1 << 20)):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * mult)
+    return int(text)
+
+
+@cache
+def capacity() -> int:
+    """Bytes the device can hold: HF_TPU_MEMORY_LIMIT, else the chips' bytes_limit, else host RAM (CPU)."""
+    env = os.environ.get("HF_TPU_MEMORY_LIMIT")
+    if env:
+        return _parse_bytes(env)
+    total = 0
+    for dev in platform.devices():
+        stats = dev.memory_stats() or {}
+        total += int(stats.get("bytes_limit", 0))
+    if total:
+        return total
+    import psutil
+
+    return psutil.virtual_memory().total
+
+
+def allocated() -> int:
+    from hf_tpu.runtime.storage import REGISTRY
+
+    return REGISTRY.allocated
+
+
+def check_capacity(nbytes: int) -> None:
+    """Refuse a request that cannot fit, the way CUDA does, before anything is half-built."""
+    if nbytes <= (1 << 26):
+        return
+    from hf_tpu.runtime.storage import REGISTRY
+
+    cap = capacity()
+    if nbytes + REGISTRY.allocated > cap:
+        REGISTRY.sweep()
+        if nbytes + REGISTRY.allocated > cap:
+            raise torch.OutOfMemoryError(
+                f"tpu out of memory: tried to allocate {_human(nbytes)} ({nbytes} bytes); the device holds "
+                f"{_human(cap)} of which {_human(REGISTRY.allocated)} is allocated by tensors. Free tensors, "
+                "use a smaller batch or dtype, or shard the model (device_map)."
+            )
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.2f} {unit}" if unit != "B" else f"{n} B"
+        n /= 1024
+    return str(n)
+
+
+def is_jax_oom(exc: BaseException) -> bool:
+    text = str(exc)
+    return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+def oom_from_jax(exc: BaseException, what: str) -> torch.OutOfMemoryError:
+    return torch.OutOfMemoryError(f"tpu out of memory while running {what}: {exc}")

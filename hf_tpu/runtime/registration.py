@@ -1,0 +1,144 @@
+"""Make `tpu` a PyTorch device: rename PrivateUse1, install hooks, guard, `torch.tpu` and the kernels.
+
+`autoload()` is the `torch.backends` entry point torch calls at the end of every `import torch`, so it
+stays cheap and never raises: names, hooks and the device module only. Kernels are registered on the
+same call (registration is pure Python bookkeeping); JAX itself is imported on first use of a tensor.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import threading
+import warnings
+
+import torch
+
+_lock = threading.RLock()
+_registered = False
+_libs: list = []
+
+
+class TorchTPUConflictError(RuntimeError):
+    pass
+
+
+def _torch_tpu_owner() -> str | None:
+    """If Google's native `torch_tpu` already owns the device name, return its module name."""
+    current = getattr(torch, "tpu", None)
+    if current is None:
+        return None
+    name = getattr(current, "__name__", "")
+    if name.startswith("hf_tpu"):
+        return None
+    return name or repr(current)
+
+
+def register() -> None:
+    """Register the `tpu` device (idempotent, thread-safe)."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        owner = _torch_tpu_owner()
+        if owner is not None or torch._C._get_privateuse1_backend_name() not in ("privateuseone", "tpu"):
+            _handle_conflict(owner)
+            return
+        if torch._C._get_privateuse1_backend_name() != "tpu":
+            torch.utils.rename_privateuse1_backend("tpu")
+        from hf_tpu.runtime import device_module, hooks
+
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+        module = sys.modules.get("torch.tpu")
+        if module is None:
+            torch._register_device_module("tpu", device_module)
+        torch._C._acc.register_python_privateuseone_hook(hooks.TpuHooks())
+        torch._C._acc.register_python_privateuseone_device_guard(hooks.TpuDeviceGuard())
+        from hf_tpu.runtime import dispatch
+
+        # kernels (and JAX) load on the first op that reaches the device: `import torch` stays cheap
+        fallback_lib = torch.library.Library("_", "IMPL")
+        fallback_lib.fallback(dispatch.fallback, "PrivateUse1")
+        _libs.append(fallback_lib)
+        from hf_tpu.runtime import accelerator_api, printing
+
+        accelerator_api.install()
+        printing.install()
+        _registered = True
+    from hf_tpu.runtime import upstream_caches
+
+    upstream_caches.refresh()
+
+
+def _handle_conflict(owner: str | None) -> None:
+    """torch_tpu owns `torch.tpu`: defer to it when it has a device, else say how to get ours."""
+    has_device = False
+    try:
+        has_device = bool(torch.tpu.is_available() and torch.tpu.device_count() > 0)
+    except Exception:  # noqa: BLE001 - a broken foreign module means "no device"
+        has_device = False
+    if has_device:
+        warnings.warn(
+            f"hf_tpu: the native TorchTPU backend ({owner}) owns the 'tpu' device and has chips; deferring to it.",
+            stacklevel=3,
+        )
+        return
+    raise TorchTPUConflictError(
+        f"The 'tpu' device is already registered by another backend ({owner or torch._C._get_privateuse1_backend_name()}) "
+        "that has no usable device here. To use hf_tpu, disable device-backend autoloading with "
+        "TORCH_DEVICE_BACKEND_AUTOLOAD=0 (then `import hf_tpu`), or uninstall torch_tpu."
+    )
+
+
+_kernels_ready = False
+
+
+def ensure_kernels() -> None:
+    """Load JAX and the lowering table, and register a PrivateUse1 kernel per lowered op (once)."""
+    global _kernels_ready
+    if _kernels_ready:
+        return
+    with _lock:
+        if _kernels_ready:
+            return
+        _register_kernels()
+        _kernels_ready = True
+
+
+def _register_kernels() -> None:
+    from hf_tpu.runtime import dispatch, lowerings, platform, views
+    from hf_tpu.runtime.lowering_table import TABLE
+
+    platform.jax()
+    lowerings.load_all()
+    impl = torch.library.Library("aten", "IMPL")
+    views.register_view_kernels(impl)
+    registered = set()
+    for op, lowering in list(TABLE.items()):
+        kernel = lowering.fn if lowering.kind == "host" else dispatch.OpKernel(op, lowering)
+        impl.impl(op, kernel, "PrivateUse1")
+        registered.add(op)
+    # derived in-place and out= variants of every lowered functional op
+    for op in list(TABLE):
+        name = op._schema.name.removeprefix("aten::")
+        for packet_name in (name + "_", name):
+            packet = getattr(torch.ops.aten, packet_name, None)
+            if packet is None:
+                continue
+            for ov in packet.overloads():
+                cand = getattr(packet, ov)
+                if cand in registered or cand in TABLE:
+                    continue
+                kernel = dispatch.derived_kernel(cand)
+                if kernel is not None:
+                    impl.impl(cand, kernel, "PrivateUse1")
+                    registered.add(cand)
+    _libs.append(impl)
+
+
+def is_registered() -> bool:
+    return _registered
+
+
+def has_torch_tpu_package() -> bool:
+    return importlib.util.find_spec("torch_tpu") is not None

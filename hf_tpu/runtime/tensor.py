@@ -1,0 +1,238 @@
+"""tpu tensors <-> JAX arrays: create a tensor around a buffer, read a (strided) view, write through one."""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import torch
+
+from hf_tpu.runtime import platform
+from hf_tpu.runtime.dtypes import to_jax_dtype
+from hf_tpu.runtime.memory import check_capacity
+from hf_tpu.runtime.storage import REGISTRY, nbytes_of
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
+_create = torch._C._acc.create_empty_tensor
+
+
+class DeviceMismatchError(RuntimeError):
+    pass
+
+
+@cache
+def contiguous_strides(shape: tuple) -> tuple:
+    strides = []
+    acc = 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def new_tensor(shape, dtype: torch.dtype, array=None) -> torch.Tensor:
+    """A fresh contiguous tpu tensor; `array` (a jax.Array of that shape/dtype) or nothing allocated yet."""
+    shape = tuple(shape)
+    nbytes = nbytes_of(shape, dtype)
+    if array is None:
+        check_capacity(nbytes)
+    t = _create(shape, dtype)
+    storage = REGISTRY.new_storage(nbytes, shape, dtype, array)
+    _set_storage(_CPU_KEYS, t, storage, 0, shape, contiguous_strides(shape))
+    return t
+
+
+def new_strided(shape, stride, dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialized tpu tensor with explicit strides (payload kept flat over the storage)."""
+    shape, stride = tuple(shape), tuple(stride)
+    if stride == contiguous_strides(shape):
+        return new_tensor(shape, dtype)
+    numel = 0 if 0 in shape else 1 + sum((s - 1) * st for s, st in zip(shape, stride))
+    nbytes = numel * dtype.itemsize
+    check_capacity(nbytes)
+    t = _create(shape, dtype)
+    storage = REGISTRY.new_storage(nbytes, (numel,), dtype)
+    _set_storage(_CPU_KEYS, t, storage, 0, shape, stride)
+    return t
+
+
+def wrap(array, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A new tpu tensor owning `array`."""
+    from hf_tpu.runtime.dtypes import to_torch_dtype
+
+    return new_tensor(array.shape, dtype or to_torch_dtype(array.dtype), array)
+
+
+def _foreign(t: torch.Tensor):
+    """A tensor with no tpu payload: a CPU 0-dim scalar becomes a constant, anything else is an error."""
+    if t.device.type != "tpu":
+        if t.dim() == 0 and t.device.type == "cpu":
+            jnp = platform.jax().numpy
+            return jnp.asarray(t.item(), dtype=to_jax_dtype(t.dtype))
+        raise DeviceMismatchError(
+            f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and {t.device}!"
+        )
+    if t.device.type == "tpu" and t.untyped_storage().nbytes() == 0:
+        jnp = platform.jax().numpy
+        return jnp.zeros(tuple(t.shape), dtype=to_jax_dtype(t.dtype))
+    raise RuntimeError(
+        "hf_tpu: this tpu tensor has no device storage (was it created by a foreign extension?)"
+    )
+
+
+def to_jax(t: torch.Tensor):
+    """The value of tpu tensor `t` as a jax.Array (a view is gathered from its storage's buffer)."""
+    p = REGISTRY.payload(t.untyped_storage().data_ptr())
+    if p is None:
+        return _foreign(t)
+    shape = t.shape
+    dtype = t.dtype
+    offset = t.storage_offset()
+    if p.array is None:
+        jnp = platform.jax().numpy
+        return jnp.zeros(tuple(shape), dtype=to_jax_dtype(dtype))
+    if dtype == p.dtype:
+        if offset == 0 and shape == p.shape and t.is_contiguous():
+            return p.array
+        if t.is_contiguous():
+            return _read_contiguous(p.shape, tuple(shape))(p.array, offset)
+        return _read_strided(p.shape, tuple(shape), t.stride())(p.array, offset)
+    return _read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), dtype)(p.array, offset)
+
+
+def write(t: torch.Tensor, value) -> None:
+    """Store `value` (a jax.Array with t's shape and dtype) into tpu tensor `t`, through views."""
+    ptr = t.untyped_storage().data_ptr()
+    p = REGISTRY.payload(ptr)
+    if p is None:
+        raise RuntimeError(f"hf_tpu: cannot write into a tensor on {t.device} without a tpu payload")
+    shape = tuple(t.shape)
+    offset = t.storage_offset()
+    if t.dtype == p.dtype:
+        if offset == 0 and t.is_contiguous() and math.prod(shape) == math.prod(p.shape):
+            REGISTRY.set_array(ptr, value if shape == p.shape else value.reshape(p.shape))
+            return
+        base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
+        if t.is_contiguous():
+            REGISTRY.set_array(ptr, _write_contiguous(p.shape, shape)(base, value, offset))
+        else:
+            REGISTRY.set_array(ptr, _write_strided(p.shape, shape, t.stride())(base, value, offset))
+        return
+    base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
+    REGISTRY.set_array(
+        ptr, _write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype)(base, value, offset)
+    )
+
+
+def _zeros(shape, dtype):
+    return platform.jax().numpy.zeros(shape, dtype=to_jax_dtype(dtype))
+
+
+# -- jitted view kernels, one per (base layout, view layout); the offset stays dynamic ---------------
+def _flat_index(shape, stride, offset):
+    jnp = platform.jax().numpy
+    idx = jnp.asarray(offset, dtype=jnp.int64)
+    for dim, (size, st) in enumerate(zip(shape, stride)):
+        ar = jnp.arange(size, dtype=jnp.int64) * st
+        idx = idx + ar.reshape((1,) * dim + (size,) + (1,) * (len(shape) - dim - 1))
+    return jnp.broadcast_to(idx, shape)
+
+
+@cache
+def _read_contiguous(base_shape, shape):
+    jax = platform.jax()
+    n = math.prod(shape)
+
+    def read(base, offset):
+        flat = base.reshape(-1)
+        return jax.lax.dynamic_slice(flat, (offset,), (n,)).reshape(shape)
+
+    return jax.jit(read)
+
+
+@cache
+def _read_strided(base_shape, shape, stride):
+    jax = platform.jax()
+
+    def read(base, offset):
+        return base.reshape(-1)[_flat_index(shape, stride, offset)]
+
+    return jax.jit(read)
+
+
+@cache
+def _write_contiguous(base_shape, shape):
+    jax = platform.jax()
+
+    def put(base, value, offset):
+        flat = base.reshape(-1)
+        return jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,)).reshape(base_shape)
+
+    return jax.jit(put)
+
+
+@cache
+def _write_strided(base_shape, shape, stride):
+    jax = platform.jax()
+
+    def put(base, value, offset):
+        flat = base.reshape(-1)
+        return flat.at[_flat_index(shape, stride, offset)].set(value).reshape(base_shape)
+
+    return jax.jit(put)
+
+
+def _as_bytes(jax, base):
+    jnp = jax.numpy
+    flat = base.reshape(-1)
+    if flat.dtype == jnp.bool_:
+        flat = flat.astype(jnp.uint8)
+    b = jax.lax.bitcast_convert_type(flat, jnp.uint8)
+    return b.reshape(-1)
+
+
+def _from_bytes(jax, b, dtype):
+    """uint8 bytes (..., itemsize) -> dtype values."""
+    jnp = jax.numpy
+    if dtype == jnp.bool_:
+        return b[..., 0] != 0
+    if dtype.itemsize == 1:
+        return jax.lax.bitcast_convert_type(b[..., 0], dtype)
+    return jax.lax.bitcast_convert_type(b, dtype)
+
+
+@cache
+def _read_reinterpret(base_shape, base_dtype, shape, stride, dtype):
+    """A view whose dtype differs from its storage's (x.view(torch.int32)): go through bytes."""
+    jax = platform.jax()
+    jdt = to_jax_dtype(dtype)
+    size = dtype.itemsize
+
+    def read(base, offset):
+        b = _as_bytes(jax, base)
+        elem = _flat_index(shape, stride, offset)[..., None] * size + jax.numpy.arange(size)
+        return _from_bytes(jax, b[elem], jdt)
+
+    return jax.jit(read)
+
+
+@cache
+def _write_reinterpret(base_shape, base_dtype, shape, stride, dtype):
+    jax = platform.jax()
+    jnp = jax.numpy
+    jbase = to_jax_dtype(base_dtype)
+    size = dtype.itemsize
+
+    def put(base, value, offset):
+        b = _as_bytes(jax, base)
+        vb = value.astype(jnp.uint8) if value.dtype == jnp.bool_ else value
+        vb = jax.lax.bitcast_convert_type(vb, jnp.uint8).reshape(shape + (size,))
+        elem = _flat_index(shape, stride, offset)[..., None] * size + jnp.arange(size)
+        b = b.at[elem].set(vb)
+        isz = jbase.itemsize
+        return _from_bytes(jax, b.reshape(-1, isz) if isz > 1 else b.reshape(-1, 1), jbase).reshape(
+            base_shape
+        )
+
+    return jax.jit(put)

@@ -1,0 +1,39 @@
+"""View and storage-metadata kernels: PyTorch's own CPU kernels compute sizes/strides/offsets only,
+so they are reused for tpu tensors by redispatching to the CPU key (views alias storage natively)."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_tpu.runtime.lowering_table import resolve
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+# ops whose CPU kernel touches metadata only (the rest of the view ops are composite: they call these)
+METADATA_OPS = (
+    "view",
+    "as_strided",
+    "_reshape_alias",
+    "unfold",
+    "view_as_real",
+    "view_as_complex",
+    "set_.source_Storage_storage_offset",
+    "set_.source_Storage",
+    "set_.source_Tensor",
+    "set_",
+    "is_set_to",
+)
+
+
+def _redispatch_to_cpu(op):
+    handle = op._handle
+
+    def kernel(*args, **kwargs):
+        return handle.redispatch_boxed(_CPU_KEYS, *args, **kwargs)
+
+    return kernel
+
+
+def register_view_kernels(lib: torch.library.Library) -> None:
+    for name in METADATA_OPS:
+        lib.impl(name, _redispatch_to_cpu(resolve(name)), "PrivateUse1")
