@@ -1,0 +1,436 @@
+"""Shrink a full-size model config to a CPU-sized one that keeps the architecture's constraints.
+
+The rules are generic over config *keys* (hidden/heads/layers/experts/vocab/image sizes under their many
+names) and keep what the modeling code ties together: head_dim stays as it is (rotary sections, partial
+rotary, mrope sections depend on it) while the number of heads drops, so the width follows heads x head_dim;
+GQA/MQA stays GQA/MQA; per-layer lists (hybrid layer patterns) keep one layer of each kind; special token
+ids are remapped into the smaller vocabulary consistently across sub-configs.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any
+
+VOCAB = 1000
+MAX_LAYERS = 2
+MAX_PATTERN_LAYERS = 4
+HEADS = 2
+MAX_POSITIONS = 512
+MAX_SOURCE_POSITIONS = 64
+PATCHES_PER_SIDE = 4
+EXPERTS = 4
+TOP_K = 2
+SLIDING_WINDOW = 8
+
+
+class ShrinkError(ValueError):
+    """A config the generic rules cannot shrink; the message names the field."""
+
+
+LAYER_KEYS = (
+    "num_hidden_layers",
+    "n_layer",
+    "n_layers",
+    "num_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "num_encoder_layers",
+    "num_decoder_layers",
+    "depth",
+    "decoder_num_layers",
+    "num_text_layers",
+    "num_vision_layers",
+)
+HEAD_KEYS = (
+    "num_attention_heads",
+    "n_head",
+    "n_heads",
+    "num_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "attention_heads",
+    "decoder_num_attention_heads",
+)
+KV_HEAD_KEYS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num", "n_head_kv")
+WIDTH_KEYS = ("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "model_dim", "hidden_dim")
+HEAD_DIM_KEYS = ("head_dim", "d_kv", "attention_head_size", "dim_head", "kv_channels", "attention_head_dim")
+# Sizes that follow the width by ratio (FFN and expert MLPs) ...
+FFN_KEYS = (
+    "intermediate_size",
+    "ffn_dim",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "d_ff",
+    "n_inner",
+    "mlp_dim",
+    "decoder_intermediate_size",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "shared_intermediate_size",
+    "linear_units",
+    "ffn_hidden_size",
+    "expert_intermediate_size",
+    "intermediate_size_mlp",
+    "encoder_intermediate_size",
+)
+# ... and other widths, often equal to another sub-config's width (then they follow that one).
+WIDTH_LIKE_KEYS = (
+    "embedding_size",
+    "word_embed_proj_dim",
+    "projection_dim",
+    "out_hidden_size",
+    "projector_hidden_size",
+    "text_hidden_size",
+    "vision_hidden_size",
+    "decoder_hidden_size",
+    "encoder_hidden_size",
+    "fusion_hidden_size",
+    "output_hidden_size",
+    "hidden_size_per_layer_input",
+    "text_embed_dim",
+    "vision_embed_dim",
+    "query_hidden_size",
+    "cross_attention_hidden_size",
+    "encoder_hidden_dim",
+    "d_inner",
+    "pooler_output_size",
+    "adapter_out_dim",
+)
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_selected_experts", "top_k_experts")
+SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "seq_length", "max_seq_len", "max_sequence_length")
+# Lists of layer indices: remapped onto the kept layers.
+LAYER_INDEX_KEYS = (
+    "global_attn_indexes",
+    "mlp_only_layers",
+    "fullatt_block_indexes",
+    "deepstack_visual_indexes",
+    "attn_layer_indices",
+    "full_attn_idxs",
+    "global_attention_layers",
+    "no_rope_layer_indices",
+    "sliding_window_layers",
+)
+# Derived by the config class from the layer/stage counts: drop them and let it recompute.
+DERIVED_KEYS = ("stage_names", "out_features", "out_indices", "transformers_version", "_name_or_path")
+DROP_KEYS = ("quantization_config", "_commit_hash", "auto_map", "_attn_implementation_autoset")
+SUBCONFIG_NAMES = ("encoder", "decoder", "generator", "question_encoder")
+
+
+@dataclass
+class _Ctx:
+    model: str
+    width_map: dict[int, int] = field(default_factory=dict)
+    token_map: dict[int, int] = field(default_factory=dict)
+    vocab: int = VOCAB
+
+
+def shrink_config_dict(config: dict[str, Any], model: str = "?") -> dict[str, Any]:
+    """A shrunk copy of a transformers config dict (``config.to_dict()``); raises ShrinkError naming the field."""
+    out = copy.deepcopy(config)
+    ctx = _Ctx(model=model)
+    levels = list(_levels(out, ""))
+    plans = {path: _plan_width(level, ctx, path) for path, level in levels}
+    for path, level in levels:
+        _shrink_level(level, ctx, path, plans[path])
+    _remap_tokens(out, ctx)
+    return out
+
+
+def _is_subconfig(key: str, value: Any) -> bool:
+    if not isinstance(value, dict):
+        return False
+    if "model_type" in value:
+        return True
+    return key.endswith("_config") and any(k in value for k in WIDTH_KEYS + LAYER_KEYS)
+
+
+def _levels(d: dict[str, Any], path: str):
+    """Every (path, dict) config level, deepest first so children are shrunk before their parents."""
+    for k, v in d.items():
+        if _is_subconfig(k, v) or (k in SUBCONFIG_NAMES and isinstance(v, dict)):
+            yield from _levels(v, f"{path}.{k}" if path else k)
+    yield path, d
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _round_to(v: float, m: int) -> int:
+    return max(m, int(round(v / m)) * m)
+
+
+@dataclass
+class _WidthPlan:
+    width_key: str | None = None
+    old_width: int | None = None
+    new_width: int | None = None
+    new_heads: int | None = None
+    head_dim: int | None = None
+    ratio: float = 1.0
+
+
+def _plan_width(d: dict[str, Any], ctx: _Ctx, path: str) -> _WidthPlan:
+    """Decide the level's new width (heads x head_dim) and record it so other levels can follow it."""
+    plan = _WidthPlan()
+    heads = next((d[k] for k in HEAD_KEYS if _int(d.get(k)) and d[k] > 0), None)
+    width_key = next((k for k in WIDTH_KEYS if _int(d.get(k)) and d[k] > 0), None)
+    if width_key is None:
+        return plan
+    # distilbert-style "dim" + "hidden_dim": hidden_dim is the FFN there.
+    if width_key == "hidden_dim" and heads is None:
+        return plan
+    width = d[width_key]
+    plan.width_key, plan.old_width = width_key, width
+    explicit_hd = next((d[k] for k in HEAD_DIM_KEYS if _int(d.get(k)) and d[k] > 0), None)
+    if heads is not None:
+        new_heads = min(heads, HEADS)
+        head_dim = explicit_hd or (width // heads if width % heads == 0 else None)
+        if head_dim is None:
+            new_width = min(width, 64 * new_heads)
+            new_width -= new_width % new_heads
+        else:
+            new_width = new_heads * head_dim
+        plan.new_heads, plan.head_dim = new_heads, head_dim
+    else:
+        new_width = min(width, 64)
+    new_width = min(new_width, width)
+    plan.new_width = new_width
+    plan.ratio = new_width / width
+    ctx.width_map.setdefault(width, new_width)
+    return plan
+
+
+def _shrink_level(d: dict[str, Any], ctx: _Ctx, path: str, plan: _WidthPlan) -> None:
+    where = f"{ctx.model}:{path or '<root>'}"
+    for k in DROP_KEYS + DERIVED_KEYS:
+        d.pop(k, None)
+    _shrink_layers(d, where)
+    _shrink_heads(d, plan, where)
+    _shrink_widths(d, ctx, plan)
+    _shrink_experts(d)
+    _shrink_vocab(d, ctx)
+    _shrink_positions(d)
+    _shrink_vision(d)
+    _shrink_audio(d)
+
+
+def _shrink_layers(d: dict[str, Any], where: str) -> None:
+    chosen: dict[int, list[int]] = {}
+    for key in LAYER_KEYS:
+        n = d.get(key)
+        if not _int(n) or n <= MAX_LAYERS:
+            continue
+        if n not in chosen:
+            chosen[n] = _choose_layers(d, n)
+        d[key] = len(chosen[n])
+    for n, idx in chosen.items():
+        for key, value in list(d.items()):
+            if isinstance(value, list | str) and len(value) == n and key not in LAYER_INDEX_KEYS:
+                d[key] = "".join(value[i] for i in idx) if isinstance(value, str) else [value[i] for i in idx]
+    if chosen:
+        n_old, idx = max(chosen.items())
+        for key in LAYER_INDEX_KEYS:
+            v = d.get(key)
+            if isinstance(v, list) and all(_int(i) for i in v):
+                kept = [idx.index(i) for i in v if i in idx]
+                d[key] = kept or [len(idx) - 1]
+        if _int(d.get("first_k_dense_replace")) and d["first_k_dense_replace"] > 0:
+            d["first_k_dense_replace"] = 1
+        for key in ("vision_feature_layer", "select_layer", "feature_layer"):
+            v = d.get(key)
+            n_new = len(idx)
+            if _int(v) and not -n_new <= v < n_new:
+                d[key] = -1
+            elif isinstance(v, list) and all(_int(i) for i in v):
+                d[key] = [i if -n_new <= i < n_new else -1 for i in v]
+    # stage lists of hierarchical vision models: one block per stage
+    for key in ("depths", "blocks_per_stage", "stage_num_blocks", "num_layers_per_stage"):
+        v = d.get(key)
+        if isinstance(v, list) and all(_int(i) for i in v):
+            d[key] = [min(i, 1) if i > 0 else i for i in v]
+
+
+def _choose_layers(d: dict[str, Any], n: int) -> list[int]:
+    """Indices of the layers to keep: the first layer of each distinct per-layer signature, at least 2."""
+    per_layer = [v for k, v in d.items() if isinstance(v, list | str) and len(v) == n and k not in LAYER_INDEX_KEYS]
+    idx: list[int] = []
+    seen: set[str] = set()
+    for i in range(n):
+        sig = repr([seq[i] for seq in per_layer])
+        if sig not in seen:
+            seen.add(sig)
+            idx.append(i)
+    for i in range(n):
+        if len(idx) >= min(n, MAX_LAYERS):
+            break
+        if i not in idx:
+            idx.append(i)
+    return sorted(idx[:MAX_PATTERN_LAYERS])
+
+
+def _shrink_heads(d: dict[str, Any], plan: _WidthPlan, where: str) -> None:
+    old_heads = next((d[k] for k in HEAD_KEYS if _int(d.get(k)) and d[k] > 0), None)
+    for key in HEAD_KEYS:
+        v = d.get(key)
+        if _int(v) and v > 0:
+            d[key] = plan.new_heads or min(v, HEADS)
+        elif isinstance(v, list) and v and all(_int(i) for i in v):
+            d[key] = [max(1, min(i, HEADS)) for i in v]
+    new_heads = plan.new_heads or (min(old_heads, HEADS) if old_heads else None)
+    for key in KV_HEAD_KEYS:
+        kv = d.get(key)
+        if _int(kv) and kv > 0 and old_heads and new_heads:
+            d[key] = new_heads if kv >= old_heads else 1
+    if new_heads and d.get("multi_query") is True and "num_key_value_heads" not in d:
+        pass  # MQA flag keeps meaning with any head count
+
+
+def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
+    ratio = plan.ratio
+    if plan.width_key and plan.new_width:
+        d[plan.width_key] = plan.new_width
+        # stage widths derived from a list-valued head count (Swin: embed_dim * 2**i / heads[i])
+        heads = next((d[k] for k in HEAD_KEYS if isinstance(d.get(k), list)), None)
+        if heads and plan.new_heads is None:
+            pass
+    ffn_keys = FFN_KEYS + (("hidden_dim",) if plan.width_key in ("dim",) else ())
+    for key in ffn_keys:
+        v = d.get(key)
+        if _int(v) and v > 0 and key != plan.width_key:
+            d[key] = min(v, _round_to(v * ratio, 16)) if ratio < 1 else min(v, 256)
+    for key in WIDTH_LIKE_KEYS:
+        v = d.get(key)
+        if _int(v) and v > 0 and key != plan.width_key:
+            d[key] = ctx.width_map.get(v) or min(v, _round_to(v * ratio, 8) if ratio < 1 else 64)
+    # list-valued widths of hierarchical/conv models: keep stage ratios, cap the largest at 256
+    for key in ("hidden_sizes", "embed_dims", "embed_dim_per_stage", "dims", "neck_hidden_sizes", "channels"):
+        v = d.get(key)
+        if isinstance(v, list) and v and all(_int(i) for i in v) and max(v) > 256:
+            f = 256 / max(v)
+            d[key] = [max(8, _round_to(i * f, 8)) for i in v]
+    # list-valued heads with a scalar embed_dim (Swin-style): width follows heads[0]
+    heads = next((d[k] for k in HEAD_KEYS if isinstance(d.get(k), list) and d.get(k)), None)
+    if heads and _int(d.get("embed_dim")) and plan.new_heads is None:
+        d["embed_dim"] = 32 * heads[0]
+
+
+def _shrink_experts(d: dict[str, Any]) -> None:
+    n_exp = None
+    for key in EXPERT_KEYS:
+        v = d.get(key)
+        if _int(v) and v > EXPERTS:
+            d[key] = EXPERTS
+        if _int(d.get(key)) and d[key] > 0:
+            n_exp = d[key]
+    for key in TOP_K_KEYS:
+        v = d.get(key)
+        if _int(v) and v > 0:
+            d[key] = min(v, TOP_K, n_exp or TOP_K)
+    for key in SHARED_EXPERT_KEYS:
+        v = d.get(key)
+        if _int(v) and v > 1:
+            d[key] = 1
+    if _int(d.get("n_group")) and d["n_group"] > 1:
+        d["n_group"] = 1
+    if _int(d.get("topk_group")) and d["topk_group"] > 1:
+        d["topk_group"] = 1
+
+
+def _shrink_vocab(d: dict[str, Any], ctx: _Ctx) -> None:
+    for key, v in list(d.items()):
+        if key.endswith("vocab_size") and key != "type_vocab_size" and _int(v) and v > VOCAB:
+            d[key] = VOCAB
+        elif key in ("vocab_size_per_layer_input", "unpadded_vocab_size") and _int(v) and v > VOCAB:
+            d[key] = VOCAB
+
+
+def _is_token_key(key: str) -> bool:
+    return key.endswith(("_token_id", "_token_index", "_token_ids", "token_id")) or key in (
+        "image_token_id",
+        "video_token_id",
+    )
+
+
+def _remap_tokens(d: dict[str, Any], ctx: _Ctx) -> None:
+    """Move special token ids that fall outside the shrunk vocabulary to distinct ids at its top."""
+    ids: set[int] = set()
+
+    def collect(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if _is_token_key(k):
+                    for i in v if isinstance(v, list) else [v]:
+                        if _int(i) and i >= VOCAB:
+                            ids.add(i)
+                elif isinstance(v, dict):
+                    collect(v)
+
+    collect(d)
+    for n, orig in enumerate(sorted(ids)):
+        ctx.token_map[orig] = VOCAB - 1 - n
+
+    def apply(node: Any) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if _is_token_key(k):
+                    if isinstance(v, list):
+                        node[k] = [ctx.token_map.get(i, i) if _int(i) else i for i in v]
+                    elif _int(v):
+                        node[k] = ctx.token_map.get(v, v)
+                elif isinstance(v, dict):
+                    apply(v)
+
+    apply(d)
+
+
+def _shrink_positions(d: dict[str, Any]) -> None:
+    for key in POSITION_KEYS:
+        v = d.get(key)
+        if _int(v) and v > MAX_POSITIONS:
+            d[key] = MAX_POSITIONS
+    if _int(d.get("max_source_positions")) and d["max_source_positions"] > MAX_SOURCE_POSITIONS:
+        d["max_source_positions"] = MAX_SOURCE_POSITIONS
+    if _int(d.get("max_target_positions")) and d["max_target_positions"] > 128:
+        d["max_target_positions"] = 128
+    for key in ("sliding_window", "sliding_window_size", "attention_window_size"):
+        v = d.get(key)
+        if _int(v) and v > SLIDING_WINDOW:
+            d[key] = SLIDING_WINDOW
+    if _int(d.get("attention_window")) and d["attention_window"] > 8:
+        d["attention_window"] = 8  # longformer: even, sequence gets padded to a multiple
+    elif isinstance(d.get("attention_window"), list):
+        d["attention_window"] = [min(w, 8) for w in d["attention_window"]]
+
+
+def _shrink_vision(d: dict[str, Any]) -> None:
+    image, patch = d.get("image_size"), d.get("patch_size")
+    if image is None or patch is None:
+        return
+    p = patch if _int(patch) else (max(patch) if isinstance(patch, list) and patch else None)
+    if not p:
+        return
+    per_side = PATCHES_PER_SIDE
+    stages = d.get("depths")
+    if isinstance(stages, list) and len(stages) > 1:
+        per_side = max(per_side, 2 ** len(stages))
+    merge = d.get("spatial_merge_size")
+    if _int(merge) and merge > 1:
+        per_side = max(per_side, merge * 2)
+    size = p * per_side
+    if _int(image):
+        d["image_size"] = min(image, size)
+    elif isinstance(image, list) and len(image) == 2:
+        d["image_size"] = [min(image[0], size), min(image[1], size)]
+
+
+def _shrink_audio(d: dict[str, Any]) -> None:
+    conv = d.get("conv_dim")
+    if isinstance(conv, list) and conv and all(_int(i) for i in conv):
+        d["conv_dim"] = [min(i, 32) for i in conv]
+    if _int(d.get("num_conv_pos_embeddings")) and d["num_conv_pos_embeddings"] > 16:
+        d["num_conv_pos_embeddings"] = 16
