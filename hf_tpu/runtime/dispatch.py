@@ -21,7 +21,7 @@ import torch
 from hf_tpu.runtime import memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
-from hf_tpu.runtime.tensor import DeviceMismatchError, to_jax, wrap, write
+from hf_tpu.runtime.tensor import to_jax, wrap, write
 
 # argument kinds
 _T, _TL, _S, _STATIC, _GEN = range(5)
@@ -146,10 +146,26 @@ class _Entry:
         self.spec = spec
 
 
+def _placeholder(value, kind):
+    if kind == _T:
+        return None if value is None else True
+    if kind == _TL:
+        return [None if x is None else True for x in value]
+    if kind == _S and isinstance(value, torch.Tensor):
+        return True
+    return value
+
+
 def _user_frame() -> str:
     for frame in reversed(traceback.extract_stack()[:-2]):
         f = frame.filename
-        if "/torch/" in f or "/hf_tpu/runtime/" in f or "/jax/" in f or "/jaxlib/" in f or f.startswith("<"):
+        if (
+            "/torch/" in f
+            or "/hf_tpu/runtime/" in f
+            or "/jax/" in f
+            or "/jaxlib/" in f
+            or f.startswith("<frozen")
+        ):
             continue
         return f"{f}:{frame.lineno} in {frame.name}"
     return "<unknown>"
@@ -257,40 +273,37 @@ class OpKernel:
         leaves = []
         key = []
         static_scalars = self.lowering.static_scalars
-        try:
-            for v, k in zip(fargs, kinds):
-                if k == _T:
-                    if v is None:
-                        key.append(None)
-                    elif type(v) in (int, float, bool):  # a wrapped number arrives as a Python scalar
-                        leaves.append(v)
-                        key.append(type(v))
-                    else:
-                        a = to_jax(v)
-                        leaves.append(a)
-                        key.append(a.shape)
-                        key.append(a.dtype)
-                elif k == _TL:
-                    sub = []
-                    for x in v:
-                        if x is None:
-                            sub.append(None)
-                        else:
-                            a = to_jax(x)
-                            leaves.append(a)
-                            sub.append((a.shape, a.dtype))
-                    key.append(tuple(sub))
-                elif k == _S and not static_scalars and v is not None and type(v) in (int, float):
+        for v, k in zip(fargs, kinds):
+            if k == _T:
+                if v is None:
+                    key.append(None)
+                elif type(v) in (int, float, bool):  # a wrapped number arrives as a Python scalar
                     leaves.append(v)
                     key.append(type(v))
-                elif k == _GEN:
-                    if v is not None:
-                        return self._run_with_cpu_generator(fargs, full)
-                    key.append(None)
                 else:
-                    key.append(_freeze(v))
-        except DeviceMismatchError:
-            raise
+                    a = to_jax(v)
+                    leaves.append(a)
+                    key.append(a.shape)
+                    key.append(a.dtype)
+            elif k == _TL:
+                sub = []
+                for x in v:
+                    if x is None:
+                        sub.append(None)
+                    else:
+                        a = to_jax(x)
+                        leaves.append(a)
+                        sub.append((a.shape, a.dtype))
+                key.append(tuple(sub))
+            elif k == _S and not static_scalars and v is not None and type(v) in (int, float):
+                leaves.append(v)
+                key.append(type(v))
+            elif k == _GEN:
+                if v is not None:
+                    return self._run_with_cpu_generator(fargs, full)
+                key.append(None)
+            else:
+                key.append(_freeze(v))
         key = tuple(key)
         entry = self.cache.get(key)
         if entry is None:
@@ -315,7 +328,8 @@ class OpKernel:
             spec = _meta_run(self.functional, self.fsig, fargs)
         kinds = self.fsig.kinds
         static_scalars = self.lowering.static_scalars
-        template = list(fargs)
+        # never capture the tensors themselves: the cache would keep their storages alive
+        template = [_placeholder(v, k) for v, k in zip(fargs, kinds)]
         fn = self.lowering.fn
         is_random = self.lowering.random
         jax = platform.jax()

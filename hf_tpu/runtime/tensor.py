@@ -8,13 +8,14 @@ from functools import cache
 import torch
 
 from hf_tpu.runtime import platform
-from hf_tpu.runtime.dtypes import to_jax_dtype
+from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.memory import check_capacity
-from hf_tpu.runtime.storage import REGISTRY, nbytes_of
+from hf_tpu.runtime.storage import REGISTRY
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 _create = torch._C._acc.create_empty_tensor
+_payloads = REGISTRY._payloads
 
 
 class DeviceMismatchError(RuntimeError):
@@ -33,8 +34,9 @@ def contiguous_strides(shape: tuple) -> tuple:
 
 def new_tensor(shape, dtype: torch.dtype, array=None) -> torch.Tensor:
     """A fresh contiguous tpu tensor; `array` (a jax.Array of that shape/dtype) or nothing allocated yet."""
-    shape = tuple(shape)
-    nbytes = nbytes_of(shape, dtype)
+    if type(shape) is not tuple:
+        shape = tuple(shape)
+    nbytes = math.prod(shape) * dtype.itemsize
     if array is None:
         check_capacity(nbytes)
     t = _create(shape, dtype)
@@ -59,8 +61,6 @@ def new_strided(shape, stride, dtype: torch.dtype) -> torch.Tensor:
 
 def wrap(array, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new tpu tensor owning `array`."""
-    from hf_tpu.runtime.dtypes import to_torch_dtype
-
     return new_tensor(array.shape, dtype or to_torch_dtype(array.dtype), array)
 
 
@@ -83,7 +83,7 @@ def _foreign(t: torch.Tensor):
 
 def to_jax(t: torch.Tensor):
     """The value of tpu tensor `t` as a jax.Array (a view is gathered from its storage's buffer)."""
-    p = REGISTRY.payload(t.untyped_storage().data_ptr())
+    p = _payloads.get(t.untyped_storage().data_ptr())
     if p is None:
         return _foreign(t)
     shape = t.shape

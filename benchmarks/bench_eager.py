@@ -1,0 +1,111 @@
+"""`make bench-eager`: per-op overhead and tiny-model forward latency, Strict tpu vs native torch CPU.
+
+Prints one table and writes reports/bench/eager.{md,json}. Targets (issue #2): <= 15 us/op for small
+adds; Strict forward <= 2x torch eager (geomean).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import environment, geomean, interleaved, write_report  # noqa: E402
+from tests.hf_models import build  # noqa: E402
+
+MODELS = ["llama", "gpt2", "bert", "unet"]
+
+
+def per_op(n_ops: int, rounds: int) -> dict:
+    a_cpu = torch.randn(4, 4)
+    a_tpu = a_cpu.to("tpu")
+
+    def loop(a):
+        def run():
+            x = a
+            for _ in range(n_ops):
+                x = a + a
+            return x
+
+        return run
+
+    res = interleaved({"torch_cpu": (loop(a_cpu), "cpu"), "tpu_strict": (loop(a_tpu), "tpu")}, rounds=rounds)
+    return {k: v["median_s"] / n_ops * 1e6 for k, v in res.items()}
+
+
+def model_latency(name: str, rounds: int) -> dict:
+    model, inputs = build(name)
+    dev_model, _ = build(name)
+    dev_model.to("tpu")
+    dev_inputs = {k: v.to("tpu") for k, v in inputs.items()}
+
+    def fwd(m, kw):
+        def run():
+            with torch.no_grad():
+                return m(**kw)
+
+        return run
+
+    return interleaved(
+        {"torch_cpu": (fwd(model, inputs), "cpu"), "tpu_strict": (fwd(dev_model, dev_inputs), "tpu")},
+        rounds=rounds,
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="reports/bench")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--models", default=",".join(MODELS))
+    args = parser.parse_args(argv)
+
+    us = per_op(1000, rounds=args.rounds)
+    rows = []
+    for name in args.models.split(","):
+        r = model_latency(name, args.rounds)
+        ratio = r["tpu_strict"]["median_s"] / r["torch_cpu"]["median_s"]
+        rows.append(
+            {
+                "model": name,
+                **{f"{k}_ms": v["median_s"] * 1e3 for k, v in r.items()},
+                "tpu_first_call_s": r["tpu_strict"]["first_call_s"],
+                "ratio": ratio,
+            }
+        )
+        print(
+            f"{name:8s} torch {rows[-1]['torch_cpu_ms']:8.2f} ms | strict {rows[-1]['tpu_strict_ms']:8.2f} ms | "
+            f"ratio {ratio:5.2f}x | first call {rows[-1]['tpu_first_call_s']:.2f} s",
+            flush=True,
+        )
+    gm = geomean([r["ratio"] for r in rows])
+    lines = [
+        "# Eager benchmark: Strict tpu vs native torch CPU",
+        "",
+        f"Environment: {environment()}",
+        "",
+        f"Per-op overhead (1,000 adds of 4x4 fp32, median of {args.rounds}): torch CPU {us['torch_cpu']:.2f} us/op, "
+        f"tpu Strict {us['tpu_strict']:.2f} us/op (target <= 15 us/op).",
+        "",
+        "| model | torch eager (ms) | Strict (ms) | ratio (Strict/torch) | Strict first call (s) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['model']} | {r['torch_cpu_ms']:.2f} | {r['tpu_strict_ms']:.2f} | {r['ratio']:.2f}x | "
+        f"{r['tpu_first_call_s']:.2f} |"
+        for r in rows
+    ]
+    lines += ["", f"Geomean Strict/torch: {gm:.2f}x (target <= 2x).", ""]
+    md = "\n".join(lines)
+    print(md)
+    write_report(
+        args.out, "eager", {"env": environment(), "per_op_us": us, "models": rows, "geomean_ratio": gm}, md
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

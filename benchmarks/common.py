@@ -1,0 +1,73 @@
+"""Timing helpers for side-by-side benchmarks: warm up every mode, interleave modes, report medians."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def sync(device: str) -> None:
+    if device == "tpu":
+        torch.tpu.synchronize()
+
+
+def time_call(fn: Callable[[], object], device: str) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def interleaved(cases: dict[str, tuple[Callable[[], object], str]], rounds: int, warmup: int = 2) -> dict:
+    """Median seconds per case; modes run A B A B so machine noise hits them alike (DESIGN §3.5)."""
+    first = {}
+    for name, (fn, device) in cases.items():
+        first[name] = time_call(fn, device)
+        for _ in range(warmup - 1):
+            time_call(fn, device)
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, (fn, device) in cases.items():
+            samples[name].append(time_call(fn, device))
+    return {
+        name: {
+            "median_s": statistics.median(s),
+            "min_s": min(s),
+            "first_call_s": first[name],
+            "rounds": len(s),
+        }
+        for name, s in samples.items()
+    }
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def environment() -> dict:
+    import jax
+
+    return {
+        "torch": torch.__version__,
+        "jax": jax.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "jax_platform": jax.devices()[0].platform,
+        "cpu_count": __import__("os").cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def write_report(out_dir: str | Path, name: str, payload: dict, markdown: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(payload, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown)
