@@ -9,13 +9,22 @@ import torch
 from hf_tpu.runtime import platform
 from hf_tpu.runtime.dtypes import numpy_from_torch, to_jax_dtype, torch_from_numpy
 from hf_tpu.runtime.lowering_table import lowers
-from hf_tpu.runtime.tensor import new_strided, new_tensor, to_jax, write
+from hf_tpu.runtime.tensor import (
+    _HOST_ONLY_DTYPES,
+    _check_platform_dtype,
+    new_strided,
+    new_tensor,
+    to_jax,
+    write,
+)
 
 
 def host_to_jax(t: torch.Tensor):
     """A device buffer holding a copy of CPU tensor `t` (jax.device_put copies, so later CPU writes don't leak)."""
     jax = platform.jax()
     to_jax_dtype(t.dtype)  # clear error for unsupported dtypes
+    if t.dtype in _HOST_ONLY_DTYPES:
+        _check_platform_dtype(t.dtype)
     return jax.device_put(
         numpy_from_torch(t.contiguous() if not t.is_contiguous() else t), platform.default_device()
     )

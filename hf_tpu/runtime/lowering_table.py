@@ -26,6 +26,9 @@ class Lowering:
 
 
 TABLE: dict[torch._ops.OpOverload, Lowering] = {}
+# Lowerings used only inside traced graphs (compiled / fused): view and copy ops, which eager runs
+# through PyTorch's own metadata kernels and the host copy path instead.
+GRAPH_TABLE: dict[torch._ops.OpOverload, Lowering] = {}
 
 
 def resolve(name: str) -> torch._ops.OpOverload:
@@ -36,8 +39,13 @@ def resolve(name: str) -> torch._ops.OpOverload:
     return getattr(packet, overload or "default")
 
 
-def lowers(*names: str, kind: str = "jit", static_scalars: bool = False, random: bool = False):
-    """Register the decorated function as the lowering of each named overload."""
+def lowers(
+    *names: str, kind: str = "jit", static_scalars: bool = False, random: bool = False, graph: bool = False
+):
+    """Register the decorated function as the lowering of each named overload.
+
+    `graph=True` registers it for traced graphs only (never as an eager kernel).
+    """
 
     def register(fn: Callable) -> Callable:
         for name in names:
@@ -45,10 +53,20 @@ def lowers(*names: str, kind: str = "jit", static_scalars: bool = False, random:
                 op = resolve(name)
             except AttributeError:  # an overload this torch version lacks
                 continue
-            TABLE[op] = Lowering(fn, kind=kind, static_scalars=static_scalars, random=random)
+            table = GRAPH_TABLE if graph else TABLE
+            table[op] = Lowering(fn, kind=kind, static_scalars=static_scalars, random=random)
         return fn
 
     return register
+
+
+def graph_lowering(op) -> Lowering | None:
+    """The pure-JAX lowering of `op` inside a traced graph, if there is one."""
+    lowering = GRAPH_TABLE.get(op)
+    if lowering is not None:
+        return lowering
+    lowering = TABLE.get(op)
+    return lowering if lowering is not None and lowering.kind == "jit" else None
 
 
 def lowered_ops() -> list[str]:

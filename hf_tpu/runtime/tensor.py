@@ -8,7 +8,7 @@ from functools import cache
 import torch
 
 from hf_tpu.runtime import platform
-from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.dtypes import UnsupportedDtypeError, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.memory import check_capacity
 from hf_tpu.runtime.storage import REGISTRY
 
@@ -39,10 +39,24 @@ def new_tensor(shape, dtype: torch.dtype, array=None) -> torch.Tensor:
     nbytes = math.prod(shape) * dtype.itemsize
     if array is None:
         check_capacity(nbytes)
+        if dtype in _HOST_ONLY_DTYPES:
+            _check_platform_dtype(dtype)
     t = _create(shape, dtype)
     storage = REGISTRY.new_storage(nbytes, shape, dtype, array)
     _set_storage(_CPU_KEYS, t, storage, 0, shape, contiguous_strides(shape))
     return t
+
+
+_HOST_ONLY_DTYPES = (torch.float64, torch.complex128)
+
+
+def _check_platform_dtype(dtype: torch.dtype) -> None:
+    """XLA on TPU has no float64: say so instead of silently computing in lower precision."""
+    if not platform.supports_float64():
+        raise UnsupportedDtypeError(
+            f"{dtype} is not supported on TPU (XLA:TPU has no 64-bit floating point). Use torch.float32 or "
+            "torch.bfloat16, or keep this tensor on CPU. (float64 works when hf_tpu runs on JAX's CPU/GPU platform.)"
+        )
 
 
 def new_strided(shape, stride, dtype: torch.dtype) -> torch.Tensor:
