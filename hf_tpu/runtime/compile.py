@@ -118,17 +118,19 @@ class GraphProgram:
         env = {}
         args = iter(arrays)
         key_iter = iter(keys)
+
+        def fetch(a):
+            if isinstance(a, torch.fx.Node):
+                return env[a]
+            if isinstance(a, list | tuple):
+                return [fetch(x) for x in a]
+            return a
+
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(args)
             elif node.op == "call_function":
                 target = node.target
-                fetch = lambda a: (
-                    env[a]
-                    if isinstance(a, torch.fx.Node)
-                    # noqa: E731
-                    else ([fetch(x) for x in a] if isinstance(a, list | tuple) else a)
-                )
                 if not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(
                         *(fetch(a) for a in node.args), **{k: fetch(v) for k, v in node.kwargs.items()}
