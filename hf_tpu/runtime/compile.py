@@ -98,6 +98,17 @@ class GraphProgram:
         )
         self._jitted = None
         self._shapes_seen: set = set()
+        if self.missing:
+            self._views_to_reshapes()
+
+    def _views_to_reshapes(self) -> None:
+        """For op-by-op execution: eager outputs are contiguous where the traced fake tensors may not
+        have been, so a `view` the graph planned on fake strides becomes a `reshape` (view when it can)."""
+        aten = torch.ops.aten
+        for node in self.gm.graph.nodes:
+            if node.op == "call_function" and node.target in (aten.view.default, aten._unsafe_view.default):
+                node.target = aten.reshape.default
+        self.gm.recompile()
 
     def _find_missing(self) -> list[str]:
         missing = []
