@@ -6,7 +6,7 @@ from functools import cache
 
 import torch
 
-from hf_tpu.runtime import platform
+from hf_tpu.runtime import lazy, platform
 from hf_tpu.runtime.dtypes import numpy_from_torch, to_jax_dtype, torch_from_numpy
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.tensor import (
@@ -15,19 +15,27 @@ from hf_tpu.runtime.tensor import (
     new_strided,
     new_tensor,
     to_jax,
+    to_jax_lazy,
     write,
 )
 
 
 def host_to_jax(t: torch.Tensor):
-    """A device buffer holding a copy of CPU tensor `t` (jax.device_put copies, so later CPU writes don't leak)."""
+    """A device buffer holding a copy of CPU tensor `t`.
+
+    On JAX's CPU platform `device_put` of a numpy view of a torch tensor aliases its memory (even with
+    `may_alias=False`, JAX 0.10.2), so a later in-place write to the CPU tensor would show through on the
+    device: copy explicitly there. Other platforms copy to device memory anyway.
+    """
     jax = platform.jax()
     to_jax_dtype(t.dtype)  # clear error for unsupported dtypes
     if t.dtype in _HOST_ONLY_DTYPES:
         _check_platform_dtype(t.dtype)
-    return jax.device_put(
-        numpy_from_torch(t.contiguous() if not t.is_contiguous() else t), platform.default_device()
-    )
+    array = numpy_from_torch(t.contiguous() if not t.is_contiguous() else t)
+    device = platform.default_device()
+    if device.platform == "cpu":
+        return jax.numpy.array(array, copy=True, device=device)
+    return jax.device_put(array, device)
 
 
 def jax_to_host(a) -> torch.Tensor:
@@ -50,14 +58,14 @@ def _fit(a, shape, dtype):
     jdt = to_jax_dtype(dtype)
     if a.dtype == jdt and tuple(a.shape) == tuple(shape):
         return a
-    return _convert(tuple(shape), jdt)(a)
+    return lazy.maybe_call(_convert(tuple(shape), jdt), (a,))
 
 
 @lowers("aten::copy_", kind="host")
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if self.device.type == "tpu":
         if src.device.type == "tpu":
-            value = to_jax(src)
+            value = to_jax_lazy(src)
         elif src.device.type == "cpu":
             value = host_to_jax(src)
         else:
@@ -89,7 +97,7 @@ def _to_copy(
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
         if self.device.type == "tpu":
-            return new_tensor(self.shape, dtype, _fit(to_jax(self), self.shape, dtype))
+            return new_tensor(self.shape, dtype, _fit(to_jax_lazy(self), self.shape, dtype))
         value = host_to_jax(self)
         return new_tensor(self.shape, dtype, _fit(value, self.shape, dtype))
     if target.type == "cpu":

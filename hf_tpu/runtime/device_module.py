@@ -28,6 +28,7 @@ __all__ = [
     "device",
     "device_count",
     "eager_mode",
+    "flush",
     "empty_cache",
     "get_amp_supported_dtype",
     "get_device_name",
@@ -139,10 +140,20 @@ def synchronize(device=None) -> None:
     _check_index(device)
     if not _platform.is_initialized():
         return
+    from hf_tpu.runtime import lazy
+
+    lazy.flush("synchronize")
     jax = _platform.jax()
     arrays = [p.array for p in list(_REGISTRY._payloads.values()) if p.array is not None]
     if arrays:
         jax.block_until_ready(arrays)
+
+
+def flush() -> None:
+    """DeferAndFuse: run the ops recorded so far now (as one compiled program), without waiting for them."""
+    from hf_tpu.runtime import lazy
+
+    lazy.flush("explicit flush")
 
 
 # -- RNG ---------------------------------------------------------------------------------------------

@@ -18,10 +18,10 @@ from collections.abc import Callable
 
 import torch
 
-from hf_tpu.runtime import memory, modes, platform, rng
+from hf_tpu.runtime import lazy, memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
-from hf_tpu.runtime.tensor import to_jax, wrap, write
+from hf_tpu.runtime.tensor import to_jax_lazy, wrap, write
 
 # argument kinds
 _T, _TL, _S, _STATIC, _GEN = range(5)
@@ -131,6 +131,18 @@ def _cast_like(jnp, result, spec):
     return result
 
 
+_fit_cache: dict = {}
+
+
+def fit_fn(shape: tuple, jdt):
+    """A jitted cast + broadcast to (shape, dtype): how results are stored into a destination."""
+    fn = _fit_cache.get((shape, jdt))
+    if fn is None:
+        jax = platform.jax()
+        fn = _fit_cache[(shape, jdt)] = jax.jit(lambda x: jax.numpy.broadcast_to(x.astype(jdt), shape))
+    return fn
+
+
 def _prod(shape):
     n = 1
     for s in shape:
@@ -237,12 +249,9 @@ class OpKernel:
         return tuple(outs)
 
     def _store(self, dest, value, shape, dtype, full):
-        jnp = platform.jax().numpy
         jdt = to_jax_dtype(dtype)
-        if value.dtype != jdt:
-            value = value.astype(jdt)
-        if tuple(value.shape) != tuple(shape):
-            value = jnp.broadcast_to(value, tuple(shape))
+        if value.dtype != jdt or tuple(value.shape) != tuple(shape):
+            value = lazy.maybe_call(fit_fn(tuple(shape), jdt), (value,))
         try:
             write(dest, value)
         except Exception as exc:  # noqa: BLE001 - re-raised with context
@@ -262,7 +271,8 @@ class OpKernel:
     def _wrap(self, results, spec):
         if isinstance(results, list | tuple):
             return type(results)(
-                wrap(r, s[1] if s else None) for r, s in zip(results, spec or [None] * len(results))
+                None if r is None else wrap(r, s[1] if s else None)  # None: an undefined tensor
+                for r, s in zip(results, spec or [None] * len(results))
             )
         return wrap(results, spec[1] if spec else None)
 
@@ -281,7 +291,7 @@ class OpKernel:
                     leaves.append(v)
                     key.append(type(v))
                 else:
-                    a = to_jax(v)
+                    a = to_jax_lazy(v)
                     leaves.append(a)
                     key.append(a.shape)
                     key.append(a.dtype)
@@ -291,7 +301,7 @@ class OpKernel:
                     if x is None:
                         sub.append(None)
                     else:
-                        a = to_jax(x)
+                        a = to_jax_lazy(x)
                         leaves.append(a)
                         sub.append((a.shape, a.dtype))
                 key.append(tuple(sub))
@@ -302,6 +312,8 @@ class OpKernel:
                 if v is not None:
                     return self._run_with_cpu_generator(fargs, full)
                 key.append(None)
+            elif k == _S:  # a static Scalar: 5 and 5.0 (and True and 1) must not share an entry
+                key.append((type(v), v))
             else:
                 key.append(_freeze(v))
         key = tuple(key)
@@ -313,6 +325,8 @@ class OpKernel:
         if self.lowering.random:
             leaves.insert(0, rng.next_key())
         try:
+            if lazy._enabled:
+                return lazy.call(entry.fn, leaves), entry.spec
             results = entry.fn(*leaves)
             if modes.launch_blocking():
                 platform.jax().block_until_ready(results)
@@ -393,8 +407,9 @@ def _to_cpu(v):
 
 
 # -- deriving in-place and out= variants ---------------------------------------------------------
-def _arg_names(op) -> list[str]:
-    return [a.name for a in op._schema.arguments]
+def _arg_names(op) -> list[tuple[str, str]]:
+    """(name, type) per argument: overloads like bernoulli.p/.Tensor share names, not types."""
+    return [(a.name, str(a.type)) for a in op._schema.arguments]
 
 
 def functional_of(op) -> torch._ops.OpOverload | None:

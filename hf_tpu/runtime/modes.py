@@ -5,13 +5,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
-import warnings
 
 
 class EagerMode(enum.Enum):
     DEFER_NEVER = "defer_never"  # Strict: op by op, asynchronous (JAX dispatch is async)
     DEFER_NEVER_AND_LAUNCH_BLOCKING = "defer_never_and_launch_blocking"  # Debug: block after each op
-    DEFER_AND_FUSE = "defer_and_fuse"  # record and fuse until a sync point (issue #5)
+    DEFER_AND_FUSE = "defer_and_fuse"  # record ops, run them fused as one jit at sync points
 
 
 def _truthy(name: str) -> bool:
@@ -22,11 +21,10 @@ def _initial_mode() -> EagerMode:
     if _truthy("TORCH_TPU_LAUNCH_BLOCKING"):
         return EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
     if _truthy("TORCH_TPU_DEFER_AND_FUSE"):
-        warnings.warn(
-            "TORCH_TPU_DEFER_AND_FUSE=1: the DeferAndFuse mode is not available in this hf_tpu build yet; "
-            "running Strict (op by op) instead.",
-            stacklevel=2,
-        )
+        from hf_tpu.runtime import lazy
+
+        lazy.set_enabled(True)
+        return EagerMode.DEFER_AND_FUSE
     return EagerMode.DEFER_NEVER
 
 
@@ -46,11 +44,9 @@ def set_eager_mode(mode: EagerMode | str) -> None:
             ) from None
     if not isinstance(mode, EagerMode):
         raise TypeError(f"set_eager_mode expects torch.tpu.EagerMode, got {type(mode).__name__}")
-    if mode is EagerMode.DEFER_AND_FUSE:
-        raise NotImplementedError(
-            "EagerMode.DEFER_AND_FUSE is not implemented in this hf_tpu build yet; use DEFER_NEVER (Strict) "
-            "or DEFER_NEVER_AND_LAUNCH_BLOCKING (Debug)."
-        )
+    from hf_tpu.runtime import lazy
+
+    lazy.set_enabled(mode is EagerMode.DEFER_AND_FUSE)  # leaving the mode flushes pending work
     _State.mode = mode
     _State.launch_blocking = mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 

@@ -7,8 +7,9 @@ from functools import cache
 
 import torch
 
-from hf_tpu.runtime import platform
+from hf_tpu.runtime import lazy, platform
 from hf_tpu.runtime.dtypes import UnsupportedDtypeError, to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.memory import check_capacity
 from hf_tpu.runtime.storage import REGISTRY
 
@@ -96,7 +97,18 @@ def _foreign(t: torch.Tensor):
 
 
 def to_jax(t: torch.Tensor):
-    """The value of tpu tensor `t` as a jax.Array (a view is gathered from its storage's buffer)."""
+    """The value of tpu tensor `t` as a computed jax.Array (a view is gathered from its storage's buffer).
+
+    Under DeferAndFuse this is a sync point: pending work is flushed first.
+    """
+    value = to_jax_lazy(t)
+    if type(value) is LazyValue:
+        return lazy.concrete(value)
+    return value
+
+
+def to_jax_lazy(t: torch.Tensor):
+    """Like `to_jax`, but may return a pending `LazyValue` (the op path under DeferAndFuse)."""
     p = _payloads.get(t.untyped_storage().data_ptr())
     if p is None:
         return _foreign(t)
@@ -110,13 +122,20 @@ def to_jax(t: torch.Tensor):
         if offset == 0 and shape == p.shape and t.is_contiguous():
             return p.array
         if t.is_contiguous():
-            return _read_contiguous(p.shape, tuple(shape))(p.array, offset)
-        return _read_strided(p.shape, tuple(shape), t.stride())(p.array, offset)
-    return _read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), dtype)(p.array, offset)
+            return _call(_read_contiguous(p.shape, tuple(shape)), p.array, offset)
+        return _call(_read_strided(p.shape, tuple(shape), t.stride()), p.array, offset)
+    return _call(_read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), dtype), p.array, offset)
+
+
+def _call(fn, *args):
+    """Run a jitted view kernel now, or record it (DeferAndFuse, or a still-pending argument)."""
+    if lazy._enabled or type(args[0]) is LazyValue or type(args[1]) is LazyValue:
+        return lazy.call(fn, args)
+    return fn(*args)
 
 
 def write(t: torch.Tensor, value) -> None:
-    """Store `value` (a jax.Array with t's shape and dtype) into tpu tensor `t`, through views."""
+    """Store `value` (an array with t's shape and dtype) into tpu tensor `t`, through views."""
     ptr = t.untyped_storage().data_ptr()
     p = REGISTRY.payload(ptr)
     if p is None:
@@ -129,13 +148,13 @@ def write(t: torch.Tensor, value) -> None:
             return
         base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
         if t.is_contiguous():
-            REGISTRY.set_array(ptr, _write_contiguous(p.shape, shape)(base, value, offset))
+            REGISTRY.set_array(ptr, _call(_write_contiguous(p.shape, shape), base, value, offset))
         else:
-            REGISTRY.set_array(ptr, _write_strided(p.shape, shape, t.stride())(base, value, offset))
+            REGISTRY.set_array(ptr, _call(_write_strided(p.shape, shape, t.stride()), base, value, offset))
         return
     base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
     REGISTRY.set_array(
-        ptr, _write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype)(base, value, offset)
+        ptr, _call(_write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype), base, value, offset)
     )
 
 

@@ -175,3 +175,11 @@ def test_concurrent_copies_from_8_threads():
 def test_printing_shows_values_and_device():
     t = torch.tensor([1.0, 2.0], device="tpu")
     assert "device='tpu:0'" in repr(t) and "1." in repr(t)
+
+
+def test_host_copy_does_not_alias_the_cpu_tensor():
+    # JAX's CPU platform may alias numpy buffers in device_put; a later CPU write must not leak through
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    x.mul_(2)
+    assert t.cpu()[1].tolist() == [4.0, 5.0, 6.0, 7.0]

@@ -1,0 +1,283 @@
+"""DeferAndFuse: record tpu ops instead of running them, then run the recording as one `jax.jit`.
+
+In this mode every jitted call the eager path would make (an op's cached executable, a view read, a
+scatter through a view) is appended to a trace and returns `LazyValue`s of known shape and dtype.
+A storage's payload may hold a LazyValue, so views, in-place writes and autograd work unchanged. At a
+sync point — a value needed on the host (`.item()`, `.cpu()`, printing, control flow), an explicit
+`torch.tpu.synchronize()`/`flush()`, a graph-size limit, or leaving the mode — the trace becomes one
+function, jitted and cached on its structure (ops, argument wiring, input shapes/dtypes, live outputs),
+so a training or decode step that repeats reuses its executable. Only values still referenced (by a
+live storage or the caller) leave the program; intermediates stay inside XLA's fusion.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+
+from hf_tpu.runtime import platform
+
+log = logging.getLogger("hf_tpu.lazy")
+if os.environ.get("HF_TPU_LOG"):
+    logging.basicConfig()
+    log.setLevel(getattr(logging, os.environ["HF_TPU_LOG"].upper(), logging.DEBUG))
+
+MAX_OPS = int(os.environ.get("HF_TPU_DEFER_MAX_OPS", "4000"))
+
+
+class LazyValue:
+    """A value the current trace will produce: shape and dtype known, data not yet computed."""
+
+    __slots__ = ("shape", "dtype", "node", "index", "trace", "concrete", "__weakref__")
+
+    def __init__(self, shape, dtype, node, index, trace):
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.node = node
+        self.index = index
+        self.trace = trace
+        self.concrete = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def reshape(self, *shape):
+        # eager code reshapes payloads (tensor.write); keep that lazy too
+        shape = shape[0] if len(shape) == 1 and isinstance(shape[0], tuple | list) else shape
+        return call(_reshape_fn(tuple(shape)), (self,))
+
+    def astype(self, dtype):
+        return call(_astype_fn(dtype), (self,))
+
+
+_reshape_cache: dict = {}
+_astype_cache: dict = {}
+
+
+def _reshape_fn(shape):
+    fn = _reshape_cache.get(shape)
+    if fn is None:
+        jax = platform.jax()
+        fn = _reshape_cache[shape] = jax.jit(lambda x: x.reshape(shape))
+    return fn
+
+
+def _astype_fn(dtype):
+    fn = _astype_cache.get(dtype)
+    if fn is None:
+        jax = platform.jax()
+        fn = _astype_cache[dtype] = jax.jit(lambda x: x.astype(dtype))
+    return fn
+
+
+class Trace:
+    def __init__(self) -> None:
+        self.ops: list = []  # (fn, arg refs, n_outputs, is_tuple)
+        self.inputs: list = []
+        self.input_ids: dict = {}
+        self.values: list = []  # weakrefs to every LazyValue produced, by (node, index)
+
+    def ref(self, arg):
+        if isinstance(arg, LazyValue):
+            if arg.concrete is not None:
+                return self.ref(arg.concrete)
+            if arg.trace is not self:
+                raise RuntimeError("hf_tpu: a lazy value from an older trace was not materialized")
+            return ("v", arg.node, arg.index)
+        if isinstance(arg, bool | int | float | complex):
+            self.inputs.append(arg)
+            return ("s", len(self.inputs) - 1, type(arg))
+        k = self.input_ids.get(id(arg))
+        if k is None:
+            self.inputs.append(arg)
+            k = self.input_ids[id(arg)] = len(self.inputs) - 1
+        return ("i", k)
+
+
+class _State(threading.local):
+    pass
+
+
+_lock = threading.RLock()
+_trace: Trace | None = None
+_enabled = False
+_aval_cache: dict = {}
+_program_cache: dict = {}
+stats = {"flushes": 0, "cache_hits": 0, "cache_misses": 0, "ops": 0}
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def set_enabled(on: bool) -> None:
+    global _enabled
+    if not on and _enabled:
+        flush("mode change")
+    _enabled = on
+
+
+def _aval(arg):
+    if isinstance(arg, LazyValue):
+        if arg.concrete is not None:
+            arg = arg.concrete
+        else:
+            return (arg.shape, arg.dtype)
+    if isinstance(arg, bool | int | float | complex):
+        return type(arg)
+    return (tuple(arg.shape), arg.dtype)
+
+
+def _out_avals(fn, args):
+    key = (id(fn), tuple(_aval(a) for a in args))
+    avals = _aval_cache.get(key)
+    if avals is None:
+        jax = platform.jax()
+        abstract = []
+        for a in args:
+            if isinstance(a, LazyValue) and a.concrete is None:
+                abstract.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+            elif isinstance(a, LazyValue):
+                abstract.append(a.concrete)
+            else:
+                abstract.append(a)
+        out = jax.eval_shape(fn, *abstract)
+        is_tuple = isinstance(out, list | tuple)
+        leaves = list(out) if is_tuple else [out]
+        avals = (is_tuple, type(out) if is_tuple else None, [(tuple(o.shape), o.dtype) for o in leaves])
+        _aval_cache[key] = avals
+    return avals
+
+
+def call(fn, args):
+    """Record `fn(*args)` in the current trace; returns LazyValue(s) shaped like fn's outputs."""
+    global _trace
+    with _lock:
+        if _trace is None:
+            _trace = Trace()
+        trace = _trace
+        is_tuple, kind, avals = _out_avals(fn, args)
+        refs = tuple(trace.ref(a) for a in args)
+        node = len(trace.ops)
+        trace.ops.append((fn, refs, is_tuple))
+        outs = []
+        for i, (shape, dtype) in enumerate(avals):
+            lv = LazyValue(shape, dtype, node, i, trace)
+            trace.values.append(((node, i), weakref.ref(lv)))
+            outs.append(lv)
+        stats["ops"] += 1
+        too_long = len(trace.ops) >= MAX_OPS
+    if too_long:
+        flush("graph size limit")
+    if is_tuple:
+        return kind(outs) if kind in (list, tuple) else tuple(outs)
+    return outs[0]
+
+
+def maybe_call(fn, args):
+    """Run `fn` now, or record it when DeferAndFuse is on or an argument is still lazy."""
+    if _enabled or any(isinstance(a, LazyValue) and a.concrete is None for a in args):
+        return call(fn, args)
+    return fn(*(a.concrete if isinstance(a, LazyValue) else a for a in args))
+
+
+def concrete(value):
+    """The computed array behind `value` (flushing the trace if it is still pending)."""
+    if isinstance(value, LazyValue):
+        if value.concrete is None:
+            flush("value needed on host")
+        return value.concrete
+    return value
+
+
+def _replay(ops, outputs):
+    def program(*inputs):
+        vals = []
+        for fn, refs, is_tuple in ops:
+            args = []
+            for r in refs:
+                if r[0] == "v":
+                    args.append(vals[r[1]][r[2]])
+                else:
+                    args.append(inputs[r[1]])
+            out = fn(*args)
+            vals.append(tuple(out) if is_tuple else (out,))
+        return [vals[n][i] for n, i in outputs]
+
+    return program
+
+
+def flush(reason: str = "explicit") -> None:
+    """Compile (or reuse) and run the pending trace; every live LazyValue becomes concrete."""
+    global _trace
+    with _lock:
+        trace = _trace
+        if trace is None or not trace.ops:
+            _trace = None
+            return
+        _trace = None
+        # drop payloads of dead storages first: the live-output set (part of the cache key) must not
+        # depend on when the registry last swept
+        from hf_tpu.runtime.storage import REGISTRY
+
+        REGISTRY.sweep()
+        live = []
+        for (node, i), ref in trace.values:
+            lv = ref()
+            if lv is not None:
+                live.append(((node, i), lv))
+        outputs = tuple(k for k, _ in live)
+        key = (
+            tuple((id(fn), refs, is_tuple) for fn, refs, is_tuple in trace.ops),
+            tuple(_aval(a) for a in trace.inputs),
+            outputs,
+        )
+        program = _program_cache.get(key)
+        hit = program is not None
+        t0 = time.perf_counter()
+        if program is None:
+            jax = platform.jax()
+            program = jax.jit(_replay(trace.ops, outputs))
+            _program_cache[key] = program
+            stats["cache_misses"] += 1
+        else:
+            stats["cache_hits"] += 1
+        stats["flushes"] += 1
+        results = program(*trace.inputs)
+        for (_, lv), arr in zip(live, results):
+            lv.concrete = arr
+        _materialize_payloads()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "flush (%s): %d ops, %d inputs, %d outputs, cache %s, %.1f ms",
+                reason,
+                len(trace.ops),
+                len(trace.inputs),
+                len(outputs),
+                "hit" if hit else "miss",
+                (time.perf_counter() - t0) * 1e3,
+            )
+
+
+def _materialize_payloads() -> None:
+    from hf_tpu.runtime.storage import REGISTRY
+
+    for p in list(REGISTRY._payloads.values()):
+        a = p.array
+        if isinstance(a, LazyValue) and a.concrete is not None:
+            p.array = a.concrete
+
+
+def pending_ops() -> int:
+    return len(_trace.ops) if _trace is not None else 0

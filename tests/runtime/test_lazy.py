@@ -1,0 +1,106 @@
+"""DeferAndFuse: deferred ops give Strict's results, fuse into cached programs, and sync where needed."""
+
+import pytest
+import torch
+
+from hf_tpu.runtime import lazy
+from tests.hf_models import build, first_tensor
+
+
+@pytest.fixture
+def defer():
+    torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
+    try:
+        yield
+    finally:
+        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
+
+
+def test_ops_are_deferred_until_a_host_read(defer):
+    x = torch.randn(4, 4)
+    t = x.to("tpu")
+    y = (t * 2 + 1).tanh()
+    assert lazy.pending_ops() >= 3
+    assert torch.allclose(y.cpu(), (x * 2 + 1).tanh())
+    assert lazy.pending_ops() == 0
+    z = y.sum()
+    assert lazy.pending_ops() >= 1
+    assert z.item() == pytest.approx(float((x * 2 + 1).tanh().sum()), rel=1e-5)
+    assert lazy.pending_ops() == 0
+
+
+def test_mutation_through_views_in_lazy_mode(defer):
+    x = torch.arange(12.0).reshape(3, 4)
+    t = x.to("tpu")
+    t[0] = 1
+    t.view(-1)[3] = 2
+    t.t().mul_(2)
+    t[:, ::2] += 5
+    x[0] = 1
+    x.view(-1)[3] = 2
+    x.t().mul_(2)
+    x[:, ::2] += 5
+    torch.testing.assert_close(t.cpu(), x)
+
+
+def test_repeated_step_reuses_the_compiled_program(defer):
+    w = torch.randn(16, 16, device="tpu")
+
+    def step(x):
+        return torch.relu(x @ w).softmax(-1).sum(0)
+
+    x = torch.randn(8, 16, device="tpu")
+    torch.tpu.flush()  # the inputs' own creation is a different program
+    step(x).cpu()
+    before = dict(lazy.stats)
+    for _ in range(3):
+        step(x).cpu()
+    assert lazy.stats["cache_misses"] == before["cache_misses"], "an identical step recompiled"
+    assert lazy.stats["cache_hits"] >= before["cache_hits"] + 3
+
+
+def test_training_step_matches_strict():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    x, y = torch.randn(5, 8), torch.randn(5, 2)
+
+    def train(mode):
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+        m.load_state_dict(model.state_dict())
+        m.to("tpu")
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        torch.tpu.set_eager_mode(mode)
+        try:
+            for _ in range(2):
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(m(x.to("tpu")), y.to("tpu")).backward()
+                opt.step()
+            return [p.detach().cpu() for p in m.parameters()]
+        finally:
+            torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
+
+    for a, b in zip(train(torch.tpu.EagerMode.DEFER_AND_FUSE), train(torch.tpu.EagerMode.DEFER_NEVER)):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["llama", "bert", "gpt2"])
+def test_hf_models_match_cpu_under_defer_and_fuse(name, defer):
+    model, inputs = build(name)
+    torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
+    with torch.no_grad():
+        ref = first_tensor(model(**inputs))
+        model.to("tpu")
+        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
+        out = first_tensor(model(**{k: v.to("tpu") for k, v in inputs.items()}))
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_mode_selection_api():
+    with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        assert torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_AND_FUSE
+        t = torch.ones(3, device="tpu") * 3
+        assert lazy.pending_ops() >= 1
+        torch.tpu.flush()
+        assert lazy.pending_ops() == 0
+        assert t.cpu().tolist() == [3.0, 3.0, 3.0]
+    assert torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_NEVER
