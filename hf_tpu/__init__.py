@@ -10,4 +10,12 @@ __version__ = "0.1.0"
 
 register()
 
-__all__ = ["register", "__version__"]
+
+def compile(model, **kwargs):  # noqa: A001 - mirrors torch.compile
+    """`torch.compile(model, backend="tpu")`; `buckets=(64, 128, ...)` pads sequence lengths (see bucketing.py)."""
+    from hf_tpu.runtime.bucketing import compile as _compile
+
+    return _compile(model, **kwargs)
+
+
+__all__ = ["register", "compile", "__version__"]

@@ -63,3 +63,27 @@ def test_backend_accepts_transformers_kwargs():
         lambda x: x * 2 + 1, backend="tpu", mode="reduce-overhead", dynamic=False, fullgraph=True
     )
     assert f(torch.ones(3, device="tpu")).cpu().tolist() == [3.0, 3.0, 3.0]
+
+
+def test_bucketing_pads_to_few_shapes_and_matches():
+    import hf_tpu
+
+    model, _ = build("bert")
+    with torch.no_grad():
+        model.to("tpu")
+        bucketed = hf_tpu.compile(model, buckets=(8, 16))
+        before = None
+        for length in (5, 7, 8, 11, 16):
+            ids = torch.randint(0, 256, (2, length))
+            mask = torch.ones_like(ids)
+            out = bucketed(input_ids=ids.to("tpu"), attention_mask=mask.to("tpu")).last_hidden_state
+            model_cpu = build("bert")[0]
+            ref = model_cpu(input_ids=ids, attention_mask=mask).last_hidden_state
+            assert out.shape == ref.shape
+            torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
+            if length == 8:
+                before = tpu_compile._counter[0]
+        # lengths 11 and 16 share the 16 bucket: at most one more compile after the 8-bucket
+        assert tpu_compile._counter[0] <= before + 1
+        with pytest.raises(ValueError, match="exceeds the largest bucket 16"):
+            bucketed(input_ids=torch.zeros(1, 20, dtype=torch.long, device="tpu"))
