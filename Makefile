@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo opinfo bench bench-eager lint format
+.PHONY: install test test-all demo opinfo bench bench-eager bench-modes lint format
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,7 +32,10 @@ opinfo: install
 bench-eager: install
 	$(PY) benchmarks/bench_eager.py --out reports/bench
 
-bench: bench-eager
+bench-modes: install
+	$(PY) benchmarks/bench_modes.py --out reports/bench
+
+bench: bench-eager bench-modes
 
 lint: install
 	$(PY) -m ruff format --check hf_tpu compat tests benchmarks
