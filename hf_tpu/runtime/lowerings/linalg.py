@@ -1,18 +1,305 @@
-"""Matrix products."""
+"""Matrix products (mm, bmm, addmm, baddbmm, dot, mv, grouped MoE matmuls) and small dense linear algebra.
+
+Products of bf16/fp16 accumulate in float32 (as PyTorch's CPU and CUDA kernels do) and round once.
+Float32 products follow `torch.set_float32_matmul_precision`: "highest" (PyTorch's default) keeps full
+float32 on TPU, "high"/"medium" let the MXU use bf16 passes. The setting is read when an op is traced.
+"""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import torch
 
+from hf_tpu.runtime import platform
+from hf_tpu.runtime.dtypes import to_jax_dtype
 from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.tensor import to_jax, wrap
+
+_LOW_PRECISION = (jnp.bfloat16, jnp.float16)
+
+
+def precision():
+    """The XLA dot precision matching `torch.get_float32_matmul_precision()`."""
+    return {
+        "highest": jax.lax.Precision.HIGHEST,
+        "high": jax.lax.Precision.HIGH,
+    }.get(torch.get_float32_matmul_precision(), jax.lax.Precision.DEFAULT)
+
+
+def accumulation_type(dtype):
+    """float32 accumulation for half types; None (the input type) otherwise."""
+    return jnp.float32 if dtype in _LOW_PRECISION else None
+
+
+def operands(*arrays):
+    """Half-precision operands as given on TPU/GPU (native bf16 x bf16 -> f32 dots); upcast on XLA:CPU,
+    whose dot thunks lack mixed-precision products (same values: bf16 products are exact in f32)."""
+    if arrays[0].dtype in _LOW_PRECISION and platform.platform_name() == "cpu":
+        return tuple(a.astype(jnp.float32) for a in arrays)
+    return arrays
+
+
+def matmul(x, y):
+    """x @ y with PyTorch's accumulation and precision conventions; returns the accumulation dtype."""
+    acc = accumulation_type(x.dtype)
+    x, y = operands(x, y)
+    return jnp.matmul(x, y, precision=precision(), preferred_element_type=acc)
+
+
+def _scaled_sum(self, product, beta, alpha):
+    """beta * self + alpha * product; beta == 0 ignores `self` entirely (NaN/inf included), as PyTorch."""
+    scaled = jnp.where(beta == 0, jnp.zeros((), product.dtype), beta * self.astype(product.dtype))
+    return scaled + alpha * product
 
 
 @lowers("aten::mm")
 def mm(x, y):
-    return jnp.matmul(x, y)
+    return matmul(x, y)
 
 
-@lowers("aten::sum.dim_IntList")
-def sum_dim(x, dim=None, keepdim=False, dtype=None):
-    axis = None if dim is None or len(dim) == 0 else tuple(dim)
-    return jnp.sum(x, axis=axis, keepdims=keepdim)
+@lowers("aten::bmm")
+def bmm(x, y):
+    return matmul(x, y)
+
+
+@lowers("aten::addmm")
+def addmm(self, mat1, mat2, beta=1, alpha=1):
+    return _scaled_sum(self, matmul(mat1, mat2), beta, alpha)
+
+
+@lowers("aten::baddbmm")
+def baddbmm(self, batch1, batch2, beta=1, alpha=1):
+    return _scaled_sum(self, matmul(batch1, batch2), beta, alpha)
+
+
+@lowers("aten::addbmm")
+def addbmm(self, batch1, batch2, beta=1, alpha=1):
+    """Sum over the batch of products, added to a matrix."""
+    acc = accumulation_type(batch1.dtype)
+    batch1, batch2 = operands(batch1, batch2)
+    product = jnp.einsum("bij,bjk->ik", batch1, batch2, precision=precision(), preferred_element_type=acc)
+    return _scaled_sum(self, product, beta, alpha)
+
+
+@lowers("aten::dot")
+def dot(x, y):
+    return matmul(x, y)
+
+
+@lowers("aten::vdot")
+def vdot(x, y):
+    return matmul(jnp.conj(x), y)
+
+
+@lowers("aten::mv")
+def mv(mat, vec):
+    return matmul(mat, vec)
+
+
+@lowers("aten::addmv")
+def addmv(self, mat, vec, beta=1, alpha=1):
+    return _scaled_sum(self, matmul(mat, vec), beta, alpha)
+
+
+@lowers("aten::addr")
+def addr(self, vec1, vec2, beta=1, alpha=1):
+    return _scaled_sum(self, jnp.outer(vec1, vec2), beta, alpha)
+
+
+# -- grouped matmul (Mixture-of-Experts) -------------------------------------------------------------
+def _group_sizes(offs, total):
+    """int32 end offsets -> per-group sizes (what jax.lax.ragged_dot expects)."""
+    ends = jnp.minimum(offs.astype(jnp.int32), total)
+    return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+
+
+def _ragged(lhs, rhs, group_sizes, lhs_ragged, contracting, rhs_group):
+    acc = jnp.float32 if lhs.dtype in _LOW_PRECISION else lhs.dtype
+    lhs, rhs = operands(lhs, rhs)
+    dims = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(contracting, ((), ())),
+        lhs_ragged_dimensions=[lhs_ragged],
+        rhs_group_dimensions=rhs_group,
+    )
+    return jax.lax.ragged_dot_general(
+        lhs,
+        rhs,
+        group_sizes,
+        dims,
+        precision=precision(),
+        preferred_element_type=acc,
+    )
+
+
+@jax.jit
+def _grouped_2d_3d(a, b, offs):
+    """(M, K) rows grouped by offs @ (G, K, N) -> (M, N); rows past offs[-1] are zero."""
+    return _ragged(
+        a, b, _group_sizes(offs, a.shape[0]), lhs_ragged=0, contracting=((1,), (1,)), rhs_group=[0]
+    )
+
+
+@jax.jit
+def _grouped_2d_2d(a, b, offs):
+    """(M, K) @ (K, N) with K split by offs -> (G, M, N): one product per slice of K (weight grads)."""
+    return _ragged(a, b, _group_sizes(offs, a.shape[1]), lhs_ragged=1, contracting=((1,), (0,)), rhs_group=[])
+
+
+@jax.jit
+def _grouped_3d_2d(a, b, offs):
+    """(G, M, K) @ (K, N) with N split by offs -> (M, N): group g fills its columns of the output."""
+    out_t = _grouped_2d_3d(b.T, jnp.swapaxes(a, 1, 2), offs)  # (N, K) grouped @ (G, K, M) -> (N, M)
+    return out_t.T
+
+
+@jax.jit
+def _grouped_3d_3d(a, b):
+    return matmul(a, b)
+
+
+def grouped_mm(a, b, offs=None, bias=None):
+    """The grouped matmul on arrays, in the accumulation dtype (bias added)."""
+    dims = (a.ndim, b.ndim)
+    if dims == (3, 3):
+        if offs is not None:
+            raise RuntimeError("_grouped_mm: offs must be None when both operands are 3D")
+        out = _grouped_3d_3d(a, b)
+    else:
+        if offs is None:
+            raise RuntimeError(
+                f"_grouped_mm: offs is required when an operand is 2D (got {dims[0]}D x {dims[1]}D)"
+            )
+        fn = {(2, 3): _grouped_2d_3d, (2, 2): _grouped_2d_2d, (3, 2): _grouped_3d_2d}.get(dims)
+        if fn is None:
+            raise RuntimeError(f"_grouped_mm: operands must be 2D or 3D, got {dims[0]}D and {dims[1]}D")
+        out = fn(a, b, offs)
+    return out if bias is None else out + bias
+
+
+@lowers("aten::_grouped_mm", graph=True)
+def _grouped_mm_graph(a, b, offs=None, bias=None, out_dtype=None):
+    """Inside traced graphs (the output dtype comes from the graph's metadata)."""
+    return grouped_mm(a, b, offs, bias)
+
+
+@lowers("aten::_grouped_mm", kind="host")
+def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
+    """torch._grouped_mm: the MoE expert matmul (int32 end offsets delimit the jagged dimension).
+
+    Host kind because PyTorch's meta kernel accepts bfloat16 only, while its CPU kernel (and we)
+    take every float type.
+    """
+    out = grouped_mm(
+        to_jax(self),
+        to_jax(mat2),
+        None if offs is None else to_jax(offs),
+        None if bias is None else to_jax(bias),
+    )
+    dtype = out_dtype or self.dtype
+    return wrap(out.astype(to_jax_dtype(dtype)), dtype)
+
+
+# -- dense linear algebra (cheap, batched, float32/float64) -----------------------------------------
+def _info(a):
+    """LAPACK-style status: 0 everywhere (non-finite results signal failures instead)."""
+    return jnp.zeros(a.shape[:-2], jnp.int32)
+
+
+@lowers("aten::linalg_inv_ex")
+def linalg_inv_ex(a, check_errors=False):
+    return jnp.linalg.inv(a), _info(a)
+
+
+@lowers("aten::linalg_cholesky_ex")
+def linalg_cholesky_ex(a, upper=False, check_errors=False):
+    lower = jnp.linalg.cholesky(a)
+    factor = jnp.conj(jnp.swapaxes(lower, -1, -2)) if upper else lower
+    return factor, _info(a)
+
+
+def _lu_factor(a):
+    """LU with partial pivoting; pivots 1-based as LAPACK/PyTorch report them."""
+    lu, piv = jsl.lu_factor(a)
+    return lu, (piv + 1).astype(jnp.int32)
+
+
+@lowers("aten::linalg_lu_factor_ex")
+def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not supported on tpu")
+    lu, piv = _lu_factor(a)
+    return lu, piv, _info(a)
+
+
+@lowers("aten::linalg_lu_solve")
+def linalg_lu_solve(lu, pivots, b, left=True, adjoint=False):
+    piv = (pivots - 1).astype(jnp.int32)
+    if left:
+        return jsl.lu_solve((lu, piv), b, trans=2 if adjoint else 0)
+    # X A = B  <=>  A^H X^H = B^H  (adjoint=False);  X A^H = B  <=>  A X^H = B^H
+    bh = jnp.conj(jnp.swapaxes(b, -1, -2))
+    xh = jsl.lu_solve((lu, piv), bh, trans=0 if adjoint else 2)
+    return jnp.conj(jnp.swapaxes(xh, -1, -2))
+
+
+def _det_from_lu(lu, piv):
+    n = lu.shape[-1]
+    swaps = jnp.sum(piv != jnp.arange(1, n + 1, dtype=jnp.int32), axis=-1)
+    sign = jnp.where(swaps % 2 == 0, 1, -1).astype(lu.dtype)
+    return sign, jnp.diagonal(lu, axis1=-2, axis2=-1)
+
+
+@lowers("aten::_linalg_det")
+def _linalg_det(a):
+    """det and the LU factors PyTorch saves for the backward: those of A^T (LAPACK's column-major view)."""
+    lu, piv = _lu_factor(jnp.swapaxes(a, -1, -2))
+    sign, diag = _det_from_lu(lu, piv)
+    return sign * jnp.prod(diag, axis=-1), lu, piv
+
+
+@lowers("aten::_linalg_slogdet")
+def _linalg_slogdet(a):
+    lu, piv = _lu_factor(jnp.swapaxes(a, -1, -2))
+    sign, diag = _det_from_lu(lu, piv)
+    if jnp.issubdtype(a.dtype, jnp.complexfloating):
+        phase = sign * jnp.prod(diag / jnp.abs(diag), axis=-1)
+    else:
+        phase = sign * jnp.prod(jnp.sign(diag), axis=-1)
+    return phase, jnp.sum(jnp.log(jnp.abs(diag)), axis=-1), lu, piv
+
+
+@lowers("aten::_linalg_solve_ex")
+def _linalg_solve_ex(a, b, left=True, check_errors=False):
+    lu, piv = _lu_factor(a)
+    vector = b.ndim == a.ndim - 1  # B is a (batch of) vector(s)
+    rhs = b[..., None] if vector else b
+    x = linalg_lu_solve(lu, piv, rhs, left=left)
+    return (x[..., 0] if vector else x), lu, piv, _info(a)
+
+
+@lowers("aten::linalg_solve_triangular")
+def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
+    if left:
+        return jsl.solve_triangular(a, b, lower=not upper, unit_diagonal=unitriangular)
+    # X A = B  <=>  A^T X^T = B^T
+    xt = jsl.solve_triangular(
+        a, jnp.swapaxes(b, -1, -2), trans=1, lower=not upper, unit_diagonal=unitriangular
+    )
+    return jnp.swapaxes(xt, -1, -2)
+
+
+@lowers("aten::_linalg_eigh")
+def _linalg_eigh(a, UPLO="L", compute_v=True):
+    w, v = jnp.linalg.eigh(a, UPLO=UPLO)
+    return w, v if compute_v else jnp.zeros((0,), a.dtype)
+
+
+@lowers("aten::_linalg_svd")
+def _linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
+    if not compute_uv:
+        s = jnp.linalg.svd(a, compute_uv=False)
+        return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
+    return u, s, vh
