@@ -177,8 +177,15 @@ def initial_seed() -> int:
     return _initial_seed
 
 
-def get_rng_state(device="tpu") -> torch.Tensor:
+def _check_rng_index(device) -> None:
+    """RNG helpers (torch.random.fork_rng) walk range(device_count()): every chip shares one generator."""
+    if isinstance(device, int) and 0 <= device < device_count():
+        return
     _check_index(device)
+
+
+def get_rng_state(device="tpu") -> torch.Tensor:
+    _check_rng_index(device)
     return _GENERATOR.get_state()
 
 
@@ -187,7 +194,7 @@ def get_rng_state_all() -> list[torch.Tensor]:
 
 
 def set_rng_state(new_state: torch.Tensor, device="tpu") -> None:
-    _check_index(device)
+    _check_rng_index(device)
     _GENERATOR.set_state(new_state)
 
 

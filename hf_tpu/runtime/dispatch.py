@@ -56,6 +56,12 @@ class _Signature:
         self.defaults = [a.default_value if a.has_default_value() else None for a in args]
         self.kwarg_only = [a.name for a in args if a.kwarg_only]
         self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+        # `dtype=None` means torch.get_default_dtype() for factories: part of the cache key
+        self.optional_dtypes = [
+            i
+            for i, a in enumerate(args)
+            if a.name == "dtype" and str(a.type) in ("Optional[int]", "Optional[ScalarType]")
+        ]
 
     def normalize(self, args: tuple, kwargs: dict) -> list:
         full = list(args)
@@ -316,6 +322,10 @@ class OpKernel:
                 key.append((type(v), v))
             else:
                 key.append(_freeze(v))
+        for i in self.fsig.optional_dtypes:
+            if fargs[i] is None:
+                key.append(torch.get_default_dtype())
+                break
         key = tuple(key)
         entry = self.cache.get(key)
         if entry is None:

@@ -1,9 +1,19 @@
-"""Filling and creating values: fill_, zero_, arange."""
+"""Filling and creating values: fill_, zero_, arange, linspace/logspace, eye, triangle indices, complex.
+
+Factories with no tensor input reach these lowerings through the `device="tpu"` argument. Their
+`out=` forms are host wrappers (compute, then resize and copy into `out`). `full`, `zeros`, `ones`,
+`scalar_tensor`, `*_like` and `new_*` need no lowering: PyTorch composes them from `empty` + `fill_`.
+"""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
+import torch
 
+from hf_tpu.runtime import platform
+from hf_tpu.runtime.dtypes import to_jax_dtype
 from hf_tpu.runtime.lowering_table import lowers
 
 
@@ -20,3 +30,197 @@ def fill_tensor(x, value):
 @lowers("aten::zero")
 def zero(x):
     return jnp.zeros(x.shape, dtype=x.dtype)
+
+
+# -- ranges --------------------------------------------------------------------------------------------
+# PyTorch's CPU kernels (RangeFactories) fix both the length and the arithmetic of each element; the
+# lowerings follow them: arange accumulates in int64 (integers) or double (float32/64; float for
+# reduced precision), linspace/logspace step from both ends so the last element is exactly `end`.
+def _out_dtype(dtype):
+    return to_jax_dtype(dtype if dtype is not None else torch.get_default_dtype())
+
+
+# c10::ScalarType codes in enum order: schema defaults such as `ScalarType? dtype=long` reach
+# lowerings as these ints rather than as torch.dtype objects.
+_SCALAR_TYPES = (
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.complex32,
+    torch.complex64,
+    torch.complex128,
+    torch.bool,
+    torch.qint8,
+    torch.quint8,
+    torch.qint32,
+    torch.bfloat16,
+)
+
+
+def as_torch_dtype(dtype, default: torch.dtype = torch.int64) -> torch.dtype:
+    """A `ScalarType?` argument as a torch.dtype: None -> default, a schema-default int -> its dtype."""
+    if dtype is None:
+        return default
+    if isinstance(dtype, int):
+        return _SCALAR_TYPES[dtype]
+    return dtype
+
+
+def _wide_float():
+    """The widest float this platform computes in: float64, or float32 on TPU."""
+    return jnp.float64 if platform.supports_float64() else jnp.float32
+
+
+def _is_integral(dtype) -> bool:
+    return not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.complexfloating))
+
+
+@lowers("aten::arange", "aten::arange.start", "aten::arange.start_step", static_scalars=True)
+def arange(*args):
+    """torch.arange: the length (and any error) comes from PyTorch's own meta kernel."""
+    *scalars, dtype, _layout, _device, _pin = args
+    if len(scalars) == 1:  # arange(end)
+        scalars = [0, *scalars]
+    start, end, step = (*scalars, 1)[:3]
+    meta = torch.ops.aten.arange.start_step(start, end, step, dtype=dtype, device="meta")
+    n, out = meta.shape[0], to_jax_dtype(meta.dtype)
+    if _is_integral(out):
+        return (int(start) + int(step) * jnp.arange(n, dtype=jnp.int64)).astype(out)
+    acc = _wide_float() if out in (jnp.float32, jnp.float64) else jnp.float32
+    return (acc(start) + acc(step) * jnp.arange(n, dtype=acc)).astype(out)
+
+
+@lowers("aten::arange.start_out", kind="host")
+def arange_start_out(start, end, step=1, *, out):
+    result = torch.ops.aten.arange.start_step(start, end, step, dtype=out.dtype, device=out.device)
+    return _copy_into(out, result)
+
+
+@lowers("aten::arange.out", kind="host")
+def arange_out(end, *, out):
+    return arange_start_out(0, end, 1, out=out)
+
+
+def _copy_into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """out= semantics: resize `out` to the result's shape, then copy (casting to out's dtype)."""
+    if tuple(out.shape) != tuple(result.shape):
+        out.resize_(result.shape)
+    return out.copy_(result)
+
+
+def _from_both_ends(start, end, steps: int, dtype):
+    """start + step*i for the first half, end - step*(steps-1-i) for the rest, in PyTorch's step type.
+
+    Floats compute in their own dtype (as CPU PyTorch does, bf16 included); integers step in double.
+    """
+    integral = _is_integral(dtype)
+    step_t = _wide_float() if integral else dtype
+    # Scalar.to<scalar_t>() first: integers truncate, floats round
+    s = jnp.asarray(start).astype(dtype).astype(step_t)
+    e = jnp.asarray(end).astype(dtype).astype(step_t)
+    step = (e - s) / jnp.asarray(steps - 1, dtype=step_t)
+    idx = jnp.arange(steps, dtype=jnp.int64)
+    head = s + step * idx.astype(step_t)
+    tail = e - step * (steps - 1 - idx).astype(step_t)
+    return jnp.where(idx < steps // 2, head, tail)
+
+
+@lowers(
+    "aten::linspace",
+    "aten::linspace.Tensor_Tensor",
+    "aten::linspace.Tensor_Scalar",
+    "aten::linspace.Scalar_Tensor",
+)
+def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory=None):
+    """`steps` evenly spaced values from start to end inclusive."""
+    out = _out_dtype(dtype)
+    if steps <= 1:
+        return jnp.full((steps,), jnp.asarray(start).astype(out), dtype=out)
+    values = _from_both_ends(start, end, steps, out)
+    return values.astype(out)
+
+
+@lowers(
+    "aten::logspace",
+    "aten::logspace.Tensor_Tensor",
+    "aten::logspace.Tensor_Scalar",
+    "aten::logspace.Scalar_Tensor",
+)
+def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
+    """base ** linspace(start, end, steps), the power taken in double like CPU PyTorch."""
+    out = _out_dtype(dtype)
+    wide = _wide_float()
+    if steps <= 1:
+        value = jnp.power(wide(base), jnp.asarray(start).astype(wide))
+        return jnp.full((steps,), value).astype(out)
+    exponent = _from_both_ends(start, end, steps, out).astype(wide)
+    return jnp.power(wide(base), exponent).astype(out)
+
+
+@lowers("aten::linspace.out", kind="host")
+def linspace_out(start, end, steps, *, out):
+    return _copy_into(out, torch.linspace(start, end, steps, dtype=out.dtype, device=out.device))
+
+
+@lowers("aten::logspace.out", kind="host")
+def logspace_out(start, end, steps, base=10.0, *, out):
+    return _copy_into(out, torch.logspace(start, end, steps, base, dtype=out.dtype, device=out.device))
+
+
+# -- matrices and index sets ----------------------------------------------------------------------------
+@lowers("aten::eye")
+def eye(n, dtype=None, layout=None, device=None, pin_memory=None):
+    """n x n identity matrix."""
+    return jnp.eye(n, dtype=_out_dtype(dtype))
+
+
+@lowers("aten::eye.m")
+def eye_m(n, m, dtype=None, layout=None, device=None, pin_memory=None):
+    """n x m matrix with ones on the main diagonal."""
+    return jnp.eye(n, m, dtype=_out_dtype(dtype))
+
+
+@lowers("aten::eye.out", kind="host")
+def eye_out(n, *, out):
+    return _copy_into(out, torch.eye(n, dtype=out.dtype, device=out.device))
+
+
+@lowers("aten::eye.m_out", kind="host")
+def eye_m_out(n, m, *, out):
+    return _copy_into(out, torch.eye(n, m, dtype=out.dtype, device=out.device))
+
+
+def _index_pairs(rows, cols, dtype):
+    return jnp.asarray(np.stack([rows, cols]), dtype=to_jax_dtype(as_torch_dtype(dtype)))
+
+
+@lowers("aten::tril_indices")
+def tril_indices(row, col, offset=0, dtype=torch.int64, layout=None, device=None, pin_memory=None):
+    """(2, N) coordinates of the lower triangle, row-major (static sizes: built at trace time)."""
+    return _index_pairs(*np.tril_indices(row, offset, col), dtype)
+
+
+@lowers("aten::triu_indices")
+def triu_indices(row, col, offset=0, dtype=torch.int64, layout=None, device=None, pin_memory=None):
+    """(2, N) coordinates of the upper triangle, row-major."""
+    return _index_pairs(*np.triu_indices(row, offset, col), dtype)
+
+
+# -- complex numbers from parts ---------------------------------------------------------------------------
+@lowers("aten::complex")
+def complex_(real, imag):
+    """real + i*imag (float32 -> complex64, float64 -> complex128)."""
+    real, imag = jnp.broadcast_arrays(real, imag)
+    return jax.lax.complex(real, imag)
+
+
+@lowers("aten::polar")
+def polar(abs_, angle):
+    """abs * (cos(angle) + i*sin(angle))."""
+    abs_, angle = jnp.broadcast_arrays(abs_, angle)
+    return jax.lax.complex(abs_ * jnp.cos(angle), abs_ * jnp.sin(angle))
