@@ -292,7 +292,7 @@ def linalg_solve_triangular(a, b, upper, left=True, unitriangular=False):
 
 @lowers("aten::_linalg_eigh")
 def _linalg_eigh(a, UPLO="L", compute_v=True):
-    w, v = jnp.linalg.eigh(a, UPLO=UPLO)
+    w, v = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)  # read one triangle only, as LAPACK
     return w, v if compute_v else jnp.zeros((0,), a.dtype)
 
 
