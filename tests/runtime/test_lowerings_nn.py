@@ -414,6 +414,18 @@ def fused_calls(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(attention, "_forward", spy)
+    original_fn = attention._forward_fn
+
+    def spy_fn(dropout_p, is_causal, scale, has_bias):
+        fn = original_fn(dropout_p, is_causal, scale, has_bias)
+
+        def run(*args):
+            calls.append({"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale})
+            return fn(*args)
+
+        return run
+
+    monkeypatch.setattr(attention, "_forward_fn", spy_fn)
     return calls
 
 

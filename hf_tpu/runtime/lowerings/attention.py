@@ -23,10 +23,10 @@ import jax.numpy as jnp
 import torch
 from torch.nn.attention import SDPBackend
 
-from hf_tpu.runtime import rng
+from hf_tpu.runtime import lazy, rng
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.linalg import operands, precision
-from hf_tpu.runtime.tensor import to_jax, wrap
+from hf_tpu.runtime.tensor import to_jax_lazy, wrap
 
 _HALF = (jnp.bfloat16, jnp.float16)
 
@@ -99,6 +99,17 @@ def _forward(q, k, v, bias, seed, offset, *, dropout_p, is_causal, scale):
     return _attention(q, k, v, bias, key, dropout_p, is_causal, scale)
 
 
+@cache
+def _forward_fn(dropout_p: float, is_causal: bool, scale: float, has_bias: bool):
+    """One jitted attention per static configuration (a stable function identity for DeferAndFuse)."""
+
+    def run(q, k, v, seed, offset, bias=None):
+        key = _dropout_key(seed, offset) if dropout_p > 0 else None
+        return _attention(q, k, v, bias, key, dropout_p, is_causal, scale)
+
+    return jax.jit(run)
+
+
 @lowers("aten::_fused_sdp_choice", kind="host")
 def _fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
@@ -110,20 +121,20 @@ def _fused_sdp_choice(
 def _scaled_dot_product_fused_attention_overrideable(
     query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None
 ):
-    """Host kind: the schema returns Python ints (max_q, max_k) and undefined tensors next to arrays."""
-    q = to_jax(query)
+    """Host kind: the schema returns Python ints (max_q, max_k) and undefined tensors next to arrays.
+
+    The computation itself goes through `lazy.maybe_call`, so under DeferAndFuse it is recorded rather
+    than forcing a flush.
+    """
+    q = to_jax_lazy(query)
     seed, offset = _draw_seed(rng.next_key()) if dropout_p > 0 else _no_seed()
-    out, lse = _forward(
-        q,
-        to_jax(key),
-        to_jax(value),
-        None if attn_bias is None else to_jax(attn_bias),
-        seed,
-        offset,
-        dropout_p=float(dropout_p),
-        is_causal=bool(is_causal),
-        scale=float(_default_scale(q, scale)),
+    fn = _forward_fn(
+        float(dropout_p), bool(is_causal), float(_default_scale(q, scale)), attn_bias is not None
     )
+    args = (q, to_jax_lazy(key), to_jax_lazy(value), seed, offset)
+    if attn_bias is not None:
+        args = args + (to_jax_lazy(attn_bias),)
+    out, lse = lazy.maybe_call(fn, args)
     philox_seed, philox_offset = wrap(seed, torch.int64), wrap(offset, torch.int64)
     lq, lk = query.shape[-2], key.shape[-2]
     return (
