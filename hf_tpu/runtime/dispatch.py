@@ -348,6 +348,14 @@ class OpKernel:
         # what PyTorch would return (dtype, shape); the in-place/out= op itself validates its arguments
         if self.mode == "inplace":
             spec = _meta_run(self.op, self.sig, full)
+            # some in-place meta kernels (mul_) skip PyTorch's result-type check: apply it here
+            fspec = _meta_run(self.functional, self.fsig, fargs)
+            dest = full[0]
+            if fspec and isinstance(fspec[1], torch.dtype) and not torch.can_cast(fspec[1], dest.dtype):
+                raise RuntimeError(
+                    f"result type {_dtype_name(fspec[1])} can't be cast to the desired output type "
+                    f"{_dtype_name(dest.dtype)}"
+                )
         else:
             spec = _meta_run(self.functional, self.fsig, fargs)
         kinds = self.fsig.kinds
@@ -456,6 +464,8 @@ def functional_of(op) -> torch._ops.OpOverload | None:
 
 
 def derived_kernel(op) -> OpKernel | None:
+    if any(str(op._schema.arguments[i].type).startswith("List") for i in _Signature(op).mutable):
+        return None  # list outputs (_foreach_*_, *.List_out) are lowered explicitly
     func = functional_of(op)
     if func is None or func not in TABLE or TABLE[func].kind != "jit":
         return None

@@ -109,6 +109,8 @@ def to_jax(t: torch.Tensor):
 
 def to_jax_lazy(t: torch.Tensor):
     """Like `to_jax`, but may return a pending `LazyValue` (the op path under DeferAndFuse)."""
+    if t.dtype.is_complex and (t.is_conj() or t.is_neg()):
+        return _resolve_lazy_bits(t)
     p = _payloads.get(t.untyped_storage().data_ptr())
     if p is None:
         return _foreign(t)
@@ -125,6 +127,24 @@ def to_jax_lazy(t: torch.Tensor):
             return _call(_read_contiguous(p.shape, tuple(shape)), p.array, offset)
         return _call(_read_strided(p.shape, tuple(shape), t.stride()), p.array, offset)
     return _call(_read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), dtype), p.array, offset)
+
+
+def _resolve_lazy_bits(t: torch.Tensor):
+    """Conjugate/negative views of complex tensors carry a bit instead of data: apply it."""
+    jnp = platform.jax().numpy
+    base = t
+    conj, neg = t.is_conj(), t.is_neg()
+    if conj:
+        base = base.conj()  # the conj of a conj view clears the bit
+    if neg:
+        base = base._neg_view()
+    value = to_jax_lazy(base)
+    value = lazy.concrete(value)
+    if conj:
+        value = jnp.conj(value)
+    if neg:
+        value = -value
+    return value
 
 
 def _call(fn, *args):

@@ -183,3 +183,16 @@ def test_host_copy_does_not_alias_the_cpu_tensor():
     t = x.to("tpu")
     x.mul_(2)
     assert t.cpu()[1].tolist() == [4.0, 5.0, 6.0, 7.0]
+
+
+def test_conjugate_views_of_complex_tensors():
+    z = torch.randn(3, dtype=torch.complex64)
+    t = z.to("tpu")
+    torch.testing.assert_close(t.conj().cpu(), z.conj())
+    torch.testing.assert_close((t.conj() * 2).cpu(), z.conj() * 2)
+
+
+def test_inplace_result_type_is_checked():
+    a = torch.ones(3, dtype=torch.int64, device="tpu")
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+        a.mul_(1.5)
