@@ -32,6 +32,14 @@ class Override:
     skip: str | None = None
 
 
+_RESNET_BACKBONE = {
+    "model_type": "resnet",
+    "depths": [1, 1, 1, 1],
+    "hidden_sizes": [32, 64, 128, 256],
+    "embedding_size": 16,
+    "out_features": ["stage2", "stage3", "stage4"],
+}
+
 OVERRIDES: dict[str, Override] = {
     # Whisper's encoder insists on exactly 2 * max_source_positions input frames; the builder reads it.
     # Reformer hashes/chunks over fixed lengths: the sequence must be a multiple of the chunk lengths.
@@ -43,7 +51,24 @@ OVERRIDES: dict[str, Override] = {
     # shrunk patch grid (4 x 4 patches -> 2 x 2 tokens).
     "gemma3": Override(config={"mm_tokens_per_image": 4}),
     # Mamba2: num_heads * head_dim must equal expand * hidden_size.
-    "mamba2": Override(config={"hidden_size": 64, "num_heads": 2, "head_dim": 64, "expand": 2, "n_groups": 1}),
+    "mamba2": Override(
+        config={"hidden_size": 64, "num_heads": 2, "head_dim": 64, "expand": 2, "n_groups": 1}
+    ),
+    # Qwen2-VL's vision tower has both embed_dim (its width) and hidden_size (the merger's output, which
+    # must be the text width): the generic rule would take hidden_size as the width.
+    "qwen2_vl": Override(config={"vision_config.embed_dim": 160, "vision_config.hidden_size": 256}),
+    # Its config-class defaults pair a 3584-wide vision merger with an 8192-wide text model (real
+    # checkpoints agree); tie the merger output to the shrunk text width (2 heads x 128).
+    "qwen2_5_vl": Override(config={"vision_config.out_hidden_size": 256}),
+    # Probabilistic forecasters: the default config leaves prediction/context lengths unset.
+    "time_series_transformer": Override(config={"prediction_length": 4, "context_length": 8}),
+    "informer": Override(config={"prediction_length": 4, "context_length": 8}),
+    "autoformer": Override(config={"prediction_length": 4, "context_length": 8, "label_length": 4}),
+    # DETR-style detectors default to a timm backbone (not installed); use the transformers ResNet.
+    **{
+        mt: Override(config={"backbone_config": _RESNET_BACKBONE})
+        for mt in ("detr", "conditional_detr", "table-transformer", "deformable_detr", "dab-detr")
+    },
     # Timm wrappers and models needing external weights/tokenizers at construction cannot be built offline.
     "timm_wrapper": Override(skip="needs the timm package and a timm checkpoint name"),
     "timm_backbone": Override(skip="needs the timm package and a timm checkpoint name"),

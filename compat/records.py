@@ -69,7 +69,9 @@ class Record:
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
-            raise ValueError(f"model {self.model_id!r}: unknown status {self.status!r}; expected one of {STATUSES}")
+            raise ValueError(
+                f"model {self.model_id!r}: unknown status {self.status!r}; expected one of {STATUSES}"
+            )
         if self.mode not in MODES:
             raise ValueError(f"model {self.model_id!r}: unknown mode {self.mode!r}; expected one of {MODES}")
 

@@ -9,6 +9,7 @@ ids are remapped into the smaller vocabulary consistently across sub-configs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,7 @@ WIDTH_LIKE_KEYS = (
     "d_inner",
     "pooler_output_size",
     "adapter_out_dim",
+    "projection_size",
 )
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_selected_experts", "top_k_experts")
@@ -133,11 +135,30 @@ def shrink_config_dict(config: dict[str, Any], model: str = "?") -> dict[str, An
     out = copy.deepcopy(config)
     ctx = _Ctx(model=model)
     levels = list(_levels(out, ""))
-    plans = {path: _plan_width(level, ctx, path) for path, level in levels}
+    plans: dict[str, _WidthPlan] = {}
     for path, level in levels:
-        _shrink_level(level, ctx, path, plans[path])
+        with _naming(path):
+            plans[path] = _plan_width(level, ctx, path)
+    for path, level in levels:
+        with _naming(path):
+            _shrink_level(level, ctx, path, plans[path])
     _remap_tokens(out, ctx)
+    # VLM configs that leave the image placeholder unset (the processor sets it on real checkpoints)
+    for key in ("image_token_id", "image_token_index"):
+        if key in out and out[key] is None:
+            out[key] = VOCAB - 100
     return out
+
+
+@contextlib.contextmanager
+def _naming(path: str):
+    """Turn an unexpected failure of a rule into a ShrinkError naming the config level."""
+    try:
+        yield
+    except ShrinkError:
+        raise
+    except Exception as exc:
+        raise ShrinkError(f"config level {path or '<root>'!r}: {type(exc).__name__}: {exc}") from None
 
 
 def _is_subconfig(key: str, value: Any) -> bool:
@@ -145,7 +166,9 @@ def _is_subconfig(key: str, value: Any) -> bool:
         return False
     if "model_type" in value:
         return True
-    return key.endswith("_config") and any(k in value for k in WIDTH_KEYS + LAYER_KEYS)
+    return (
+        isinstance(key, str) and key.endswith("_config") and any(k in value for k in WIDTH_KEYS + LAYER_KEYS)
+    )
 
 
 def _levels(d: dict[str, Any], path: str):
@@ -217,6 +240,7 @@ def _shrink_level(d: dict[str, Any], ctx: _Ctx, path: str, plan: _WidthPlan) -> 
     _shrink_positions(d)
     _shrink_vision(d)
     _shrink_audio(d)
+    _shrink_video(d)
 
 
 def _shrink_layers(d: dict[str, Any], where: str) -> None:
@@ -230,7 +254,7 @@ def _shrink_layers(d: dict[str, Any], where: str) -> None:
         d[key] = len(chosen[n])
     for n, idx in chosen.items():
         for key, value in list(d.items()):
-            if isinstance(value, list | str) and len(value) == n and key not in LAYER_INDEX_KEYS:
+            if _per_layer(key, value, n):
                 d[key] = "".join(value[i] for i in idx) if isinstance(value, str) else [value[i] for i in idx]
     if chosen:
         n_old, idx = max(chosen.items())
@@ -255,9 +279,19 @@ def _shrink_layers(d: dict[str, Any], where: str) -> None:
             d[key] = [min(i, 1) if i > 0 else i for i in v]
 
 
+def _per_layer(key: Any, value: Any, n: int) -> bool:
+    """A per-layer sequence of length n: a list, or a pattern string ("M-M*-"), never a word that
+    happens to have n letters (big_bird's attention_type "block_sparse" has 12)."""
+    if not isinstance(key, str) or key in LAYER_INDEX_KEYS:
+        return False
+    if isinstance(value, list):
+        return len(value) == n
+    return isinstance(value, str) and len(value) == n and ("pattern" in key or "block_type" in key)
+
+
 def _choose_layers(d: dict[str, Any], n: int) -> list[int]:
     """Indices of the layers to keep: the first layer of each distinct per-layer signature, at least 2."""
-    per_layer = [v for k, v in d.items() if isinstance(v, list | str) and len(v) == n and k not in LAYER_INDEX_KEYS]
+    per_layer = [v for k, v in d.items() if _per_layer(k, v, n)]
     idx: list[int] = []
     seen: set[str] = set()
     for i in range(n):
@@ -286,18 +320,12 @@ def _shrink_heads(d: dict[str, Any], plan: _WidthPlan, where: str) -> None:
         kv = d.get(key)
         if _int(kv) and kv > 0 and old_heads and new_heads:
             d[key] = new_heads if kv >= old_heads else 1
-    if new_heads and d.get("multi_query") is True and "num_key_value_heads" not in d:
-        pass  # MQA flag keeps meaning with any head count
 
 
 def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
     ratio = plan.ratio
     if plan.width_key and plan.new_width:
         d[plan.width_key] = plan.new_width
-        # stage widths derived from a list-valued head count (Swin: embed_dim * 2**i / heads[i])
-        heads = next((d[k] for k in HEAD_KEYS if isinstance(d.get(k), list)), None)
-        if heads and plan.new_heads is None:
-            pass
     ffn_keys = FFN_KEYS + (("hidden_dim",) if plan.width_key in ("dim",) else ())
     for key in ffn_keys:
         v = d.get(key)
@@ -313,6 +341,9 @@ def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
         if isinstance(v, list) and v and all(_int(i) for i in v) and max(v) > 256:
             f = 256 / max(v)
             d[key] = [max(8, _round_to(i * f, 8)) for i in v]
+            # group norms over the now narrower channels (BiT: GroupNorm(32) over 8 channels)
+            if _int(d.get("num_groups")) and d["num_groups"] > 8:
+                d["num_groups"] = 8
     # list-valued heads with a scalar embed_dim (Swin-style): width follows heads[0]
     heads = next((d[k] for k in HEAD_KEYS if isinstance(d.get(k), list) and d.get(k)), None)
     if heads and _int(d.get("embed_dim")) and plan.new_heads is None:
@@ -343,16 +374,23 @@ def _shrink_experts(d: dict[str, Any]) -> None:
 
 def _shrink_vocab(d: dict[str, Any], ctx: _Ctx) -> None:
     for key, v in list(d.items()):
+        if not isinstance(key, str):
+            continue
         if key.endswith("vocab_size") and key != "type_vocab_size" and _int(v) and v > VOCAB:
             d[key] = VOCAB
         elif key in ("vocab_size_per_layer_input", "unpadded_vocab_size") and _int(v) and v > VOCAB:
             d[key] = VOCAB
 
 
-def _is_token_key(key: str) -> bool:
-    return key.endswith(("_token_id", "_token_index", "_token_ids", "token_id")) or key in (
-        "image_token_id",
-        "video_token_id",
+def _is_token_key(key: Any) -> bool:
+    return (
+        isinstance(key, str)
+        and key.endswith(("_token_id", "_token_index", "_token_ids", "token_id"))
+        or key
+        in (
+            "image_token_id",
+            "video_token_id",
+        )
     )
 
 
@@ -418,6 +456,9 @@ def _shrink_vision(d: dict[str, Any]) -> None:
     stages = d.get("depths")
     if isinstance(stages, list) and len(stages) > 1:
         per_side = max(per_side, 2 ** len(stages))
+        # windowed hierarchies (Swin): a window that tiles every stage's (tiny) resolution
+        if _int(d.get("window_size")) and d["window_size"] > 2:
+            d["window_size"] = 2
     merge = d.get("spatial_merge_size")
     if _int(merge) and merge > 1:
         per_side = max(per_side, merge * 2)
@@ -434,3 +475,121 @@ def _shrink_audio(d: dict[str, Any]) -> None:
         d["conv_dim"] = [min(i, 32) for i in conv]
     if _int(d.get("num_conv_pos_embeddings")) and d["num_conv_pos_embeddings"] > 16:
         d["num_conv_pos_embeddings"] = 16
+    if _int(d.get("conv_channels")) and d["conv_channels"] > 64:
+        d["conv_channels"] = 64
+    # spectrogram transformers (AST) take exactly max_length frames
+    if "num_mel_bins" in d and _int(d.get("max_length")) and d["max_length"] > 64:
+        d["max_length"] = 64
+
+
+def _shrink_video(d: dict[str, Any]) -> None:
+    frames = d.get("num_frames")
+    if not _int(frames) or frames <= 4:
+        return
+    tubelet = d.get("tubelet_size")
+    t = tubelet if _int(tubelet) else (tubelet[0] if isinstance(tubelet, list) and tubelet else 1)
+    d["num_frames"] = max(t, 4 - 4 % max(t, 1))
+    if isinstance(tubelet, list) and len(tubelet) == 3 and _int(d.get("image_size")):
+        d["image_size"] = min(d["image_size"], tubelet[1] * PATCHES_PER_SIDE)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# diffusers models: their config is the __init__ signature of the model class.
+
+DIFFUSERS_WIDTH_KEYS = (
+    "joint_attention_dim",
+    "pooled_projection_dim",
+    "caption_channels",
+    "text_dim",
+    "text_embed_dim",
+    "encoder_hid_dim",
+    "caption_projection_dim",
+    "cross_attention_dim",
+    "image_dim",
+    "added_kv_proj_dim",
+)
+
+
+def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[str, Any]:
+    """A shrunk copy of a diffusers model config (init kwargs); UNets keep 2 blocks, transformers 2 layers."""
+    d = copy.deepcopy(config)
+    for k in ("_class_name", "_diffusers_version", "_name_or_path", "_use_default_values"):
+        d.pop(k, None)
+    blocks = d.get("block_out_channels")
+    unet_like = isinstance(blocks, list | tuple) and len(blocks) > 0
+    if unet_like:
+        n = len(blocks)
+        keep = [0, n - 1] if n > 2 else list(range(n))
+        widths = [32, 64][: len(keep)]
+        for key, value in list(d.items()):
+            if isinstance(value, list | tuple) and len(value) == n and key != "block_out_channels":
+                d[key] = [value[i] for i in keep]
+        d["block_out_channels"] = widths
+        for key in ("attention_head_dim", "num_attention_heads"):
+            v = d.get(key)
+            if _int(v):
+                d[key] = min(v, HEADS)
+            elif isinstance(v, list | tuple):
+                d[key] = [min(i, HEADS) if _int(i) else i for i in v]
+        if _int(d.get("layers_per_block")):
+            d["layers_per_block"] = 1
+        elif isinstance(d.get("layers_per_block"), list | tuple):
+            d["layers_per_block"] = [1 for _ in d["layers_per_block"]]
+        tl = d.get("transformer_layers_per_block")
+        if isinstance(tl, list | tuple):
+            d["transformer_layers_per_block"] = [1 for _ in tl]
+        for key in ("norm_num_groups", "attn_norm_num_groups"):
+            if _int(d.get(key)):
+                d[key] = min(d[key], 8)
+        for key in DIFFUSERS_WIDTH_KEYS:
+            if _int(d.get(key)) and d[key] > 32:
+                d[key] = 32
+        if d.get("sample_size") is None or _int(d.get("sample_size")):
+            d["sample_size"] = 16 if d.get("in_channels", 3) > 3 else 32
+        for key in ("encoder_block_out_channels", "decoder_block_out_channels"):
+            v = d.get(key)
+            if isinstance(v, list | tuple):
+                d[key] = [min(i, 32) for i in v]
+        return d
+    # transformer-style denoisers: heads x head_dim, layer counts, text/pooled conditioning widths
+    heads, head_dim = d.get("num_attention_heads"), d.get("attention_head_dim")
+    old_inner = heads * head_dim if _int(heads) and _int(head_dim) else None
+    new_heads = min(heads, HEADS) if _int(heads) else None
+    new_inner = new_heads * head_dim if new_heads and _int(head_dim) else None
+    if new_heads:
+        d["num_attention_heads"] = new_heads
+    ch, cd = d.get("num_cross_attention_heads"), d.get("cross_attention_head_dim")
+    old_cross = ch * cd if _int(ch) and _int(cd) else None
+    if _int(ch):
+        d["num_cross_attention_heads"] = min(ch, HEADS)
+    for key in ("num_layers", "num_single_layers", "num_refiner_layers", "num_encoder_layers"):
+        if _int(d.get(key)) and d[key] > 1:
+            d[key] = 1 if key != "num_layers" else min(d[key], MAX_LAYERS)
+    for key in DIFFUSERS_WIDTH_KEYS:
+        v = d.get(key)
+        if not _int(v) or v <= 64:
+            continue
+        if old_inner and v == old_inner and new_inner:
+            d[key] = new_inner
+        elif old_cross and v == old_cross and _int(cd):
+            d[key] = min(ch, HEADS) * cd
+        else:
+            d[key] = 64
+    if _int(d.get("ffn_dim")) and old_inner and new_inner:
+        d["ffn_dim"] = _round_to(d["ffn_dim"] * new_inner / old_inner, 16)
+    if _int(d.get("sample_size")) and d["sample_size"] > 16:
+        d["sample_size"] = 16
+    for key in ("sample_width", "sample_height"):
+        if _int(d.get(key)) and d[key] > 16:
+            d[key] = 16
+    if _int(d.get("sample_frames")) and d["sample_frames"] > 5:
+        d["sample_frames"] = 5
+    if _int(d.get("max_text_seq_length")) and d["max_text_seq_length"] > 16:
+        d["max_text_seq_length"] = 16
+    if isinstance(d.get("dual_attention_layers"), list | tuple):
+        d["dual_attention_layers"] = [i for i in d["dual_attention_layers"] if _int(i) and i < MAX_LAYERS]
+    if _int(d.get("base_dim")) and d["base_dim"] > 32:
+        d["base_dim"] = 32
+    if _int(d.get("num_res_blocks")) and d["num_res_blocks"] > 1:
+        d["num_res_blocks"] = 1
+    return d

@@ -1,0 +1,626 @@
+"""Build forward inputs for a model from its forward signature, its config and its task.
+
+Inputs are built on CPU with a fixed seed (so the CPU reference and the device run see the same values)
+and moved to the device by the runner. When an input cannot be built the builder raises InputError, which
+the runner records as ``harness_error``: a failure of ours, never of the backend.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from compat import overrides as _ov
+from compat.materialize import HarnessError, Plan
+
+BATCH = 2
+SEQ_LEN = 16
+DEC_LEN = 8
+TEXT_COND_LEN = 8
+
+
+class InputError(HarnessError):
+    """An input the builder cannot make for this model (names the model and the argument)."""
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def forward_params(model: Any) -> dict[str, inspect.Parameter]:
+    """The named parameters of ``model.forward`` (self and */** excluded)."""
+    sig = inspect.signature(model.forward)
+    return {
+        k: p
+        for k, p in sig.parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and k != "self"
+    }
+
+
+def _required(params: dict[str, inspect.Parameter]) -> list[str]:
+    return [k for k, p in params.items() if p.default is inspect.Parameter.empty]
+
+
+def _get(cfg: Any, *names: str, default: Any = None) -> Any:
+    for n in names:
+        v = getattr(cfg, n, None)
+        if v is not None:
+            return v
+    return default
+
+
+def _sub(cfg: Any, *names: str) -> Any:
+    for n in names:
+        v = getattr(cfg, n, None)
+        if v is not None and hasattr(v, "to_dict"):
+            return v
+    return None
+
+
+def _text_config(cfg: Any) -> Any:
+    try:
+        return cfg.get_text_config(decoder=True)
+    except Exception:
+        return cfg
+
+
+def special_token_ids(cfg: Any) -> set[int]:
+    """Every id a config names as special (pad/bos/eos/image/...), across sub-configs."""
+    out: set[int] = set()
+
+    def walk(d: dict[str, Any]) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v)
+            elif isinstance(k, str) and k.endswith(("_token_id", "_token_index", "_token_ids", "token_id")):
+                for i in v if isinstance(v, list) else [v]:
+                    if isinstance(i, int) and not isinstance(i, bool):
+                        out.add(i)
+
+    walk(cfg.to_dict() if hasattr(cfg, "to_dict") else {})
+    return out
+
+
+def random_ids(gen: torch.Generator, shape: tuple[int, ...], vocab: int, avoid: set[int]) -> torch.Tensor:
+    """Random token ids in [0, vocab) that avoid special ids (an image token in text breaks VLMs)."""
+    allowed = torch.tensor([i for i in range(min(vocab, 1 << 20)) if i not in avoid] or [0])
+    pick = torch.randint(0, len(allowed), shape, generator=gen)
+    return allowed[pick]
+
+
+def _image_hw(cfg: Any, default: int = 64) -> tuple[int, int]:
+    size = _get(cfg, "image_size", "input_size", default=None)
+    if isinstance(size, dict):
+        size = size.get("height") or size.get("shortest_edge")
+    if isinstance(size, list | tuple):
+        size = list(size)[-2:] if len(size) >= 2 else [size[0], size[0]]
+        return int(size[0]), int(size[1])
+    if isinstance(size, int) and size > 0:
+        return size, size
+    return default, default
+
+
+def to_device(obj: Any, device: str | torch.device) -> Any:
+    """Move every tensor in a nested structure to ``device``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def cast_floating(obj: Any, dtype: torch.dtype) -> Any:
+    """Cast floating tensors (only) in a nested structure: the fp64 reference keeps integer ids intact."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, dict):
+        return {k: cast_floating(v, dtype) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(cast_floating(v, dtype) for v in obj)
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------ builders
+
+
+def build_inputs(
+    model: Any,
+    plan: Plan,
+    *,
+    with_labels: bool = False,
+    seed: int = 0,
+    batch: int = BATCH,
+) -> dict[str, Any]:
+    """Forward kwargs for ``model`` (CPU tensors, fixed seed); raises InputError naming the argument."""
+    gen = torch.Generator().manual_seed(seed)
+    ov = _ov.override_for(plan.model_type)
+    try:
+        if plan.library == "fake":
+            from compat import fakes
+
+            kwargs = fakes.build_inputs(plan, gen)
+        elif plan.library == "diffusers":
+            kwargs = _diffusion_inputs(model, plan, gen, batch)
+        elif ov.builder:
+            kwargs = BUILDERS[ov.builder](model, plan, gen, batch)
+        else:
+            kwargs = _generic_inputs(model, plan, gen, batch, ov.seq_len or SEQ_LEN)
+        kwargs.update({k: v for k, v in ov.inputs.items()})
+        if with_labels:
+            kwargs.update(build_labels(model, plan, kwargs, gen))
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{plan.model_id}: cannot build inputs: {type(exc).__name__}: {exc}") from None
+    params = forward_params(model)
+    if "use_cache" in params:
+        kwargs["use_cache"] = False
+    if "return_dict" in params and plan.library != "fake":
+        kwargs["return_dict"] = True
+    missing = [k for k in _required(params) if k not in kwargs]
+    if missing:
+        raise InputError(f"{plan.model_id}: no builder for required forward argument(s) {missing}")
+    return kwargs
+
+
+def _parts(params: dict[str, Any], cfg: Any) -> set[str]:
+    """Which inputs the forward takes: text, image, video, audio, time series (a VLM takes two)."""
+    if "past_values" in params:
+        return {"time-series"}
+    parts = set()
+    if "input_ids" in params:
+        parts.add("text")
+    if "input_values" in params or "input_features" in params:
+        parts.add("audio")
+    if "pixel_values" in params:
+        parts.add("video" if _get(cfg, "num_frames") and "text" not in parts else "image")
+    elif "pixel_values_videos" in params and "text" not in parts:
+        parts.add("video")
+    return parts or {"text"}
+
+
+def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, seq: int) -> dict[str, Any]:
+    cfg = model.config
+    params = forward_params(model)
+    if "image_grid_thw" in params:
+        return _qwen_vl_inputs(model, plan, gen, batch)
+    if "grid_thw" in params:
+        return _patch_grid_inputs(model, plan, gen, batch)
+    parts = _parts(params, cfg)
+    if "time-series" in parts:
+        return _time_series_inputs(cfg, params, gen, batch)
+    kwargs: dict[str, Any] = {}
+    if "text" in parts:
+        kwargs.update(_text_inputs(model, plan, cfg, params, gen, batch, seq))
+    if parts & {"image", "video"}:
+        kwargs["pixel_values"] = _pixel_values(cfg, gen, batch, video="video" in parts)
+        if "pixel_attention_mask" in params:  # idefics2/3-style: (batch, images, C, H, W)
+            kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(1)
+            b, n, _, h, w = kwargs["pixel_values"].shape
+            kwargs["pixel_attention_mask"] = torch.ones(b, n, h, w, dtype=torch.bool)
+        if "image_sizes" in params and _needs_image_sizes(cfg, plan):
+            h, w = kwargs["pixel_values"].shape[-2:]
+            kwargs["image_sizes"] = torch.tensor([[h, w]] * batch)
+    if "audio" in parts:
+        kwargs.update(_audio_inputs(cfg, params, gen, batch, plan))
+    if "text" in parts:
+        if "image" in parts:
+            insert_placeholders(kwargs, image_token_id(cfg), _guess_image_tokens(cfg))
+        elif "audio" in parts:
+            insert_placeholders(kwargs, audio_token_id(cfg), _guess_audio_tokens(kwargs))
+    if getattr(cfg, "is_encoder_decoder", False) or ("audio" in parts and "decoder_input_ids" in params):
+        if "decoder_input_ids" in params and "decoder_input_ids" not in kwargs:
+            vocab = _get(_text_config(cfg), "vocab_size") or _get(cfg, "vocab_size")
+            if vocab:
+                avoid = special_token_ids(cfg)
+                kwargs["decoder_input_ids"] = random_ids(gen, (batch, DEC_LEN), vocab, avoid)
+    if "bbox" in params and "input_ids" in kwargs:
+        s = kwargs["input_ids"].shape
+        lo = torch.randint(0, 500, (*s, 2), generator=gen)
+        kwargs["bbox"] = torch.cat([lo, lo + torch.randint(1, 400, (*s, 2), generator=gen)], dim=-1)
+    return kwargs
+
+
+def _text_inputs(model, plan, cfg, params, gen, batch, seq) -> dict[str, Any]:
+    tcfg = _text_config(cfg)
+    vocab = _get(tcfg, "vocab_size") or _get(cfg, "vocab_size") or 1000  # byte/char models (CANINE) have none
+    max_pos = _get(tcfg, "max_position_embeddings", "n_positions")
+    if isinstance(max_pos, int) and max_pos > 4:
+        seq = min(seq, max_pos - 2)
+    avoid = special_token_ids(cfg)
+    multiple_choice = plan.model_class.endswith("ForMultipleChoice")
+    shape = (batch, 2, seq) if multiple_choice else (batch, seq)
+    out = {"input_ids": random_ids(gen, shape, int(vocab), avoid)}
+    if "attention_mask" in params:
+        out["attention_mask"] = torch.ones(shape, dtype=torch.long)
+    if "token_type_ids" in params and (_get(tcfg, "type_vocab_size") or 0) > 0:
+        out["token_type_ids"] = torch.zeros(shape, dtype=torch.long)
+    return out
+
+
+def _needs_image_sizes(cfg: Any, plan: Plan) -> bool:
+    """Pixtral towers (Mistral3, Pixtral-LLaVA) and anyres LLaVA-Next need image_sizes; plain LLaVA
+    takes another code path when it is given."""
+    vtype = getattr(getattr(cfg, "vision_config", None), "model_type", "")
+    return vtype == "pixtral" or any(s in plan.model_class for s in ("LlavaNext", "LlavaOnevision"))
+
+
+def _vision_config(cfg: Any) -> Any:
+    return _sub(cfg, "vision_config", "backbone_config", "encoder") or cfg
+
+
+def _pixel_values(cfg: Any, gen: torch.Generator, batch: int, video: bool = False) -> torch.Tensor:
+    vcfg = _vision_config(cfg)
+    h, w = _image_hw(vcfg) if vcfg is not cfg or _get(cfg, "image_size") else _image_hw(cfg)
+    c = _get(vcfg, "num_channels", "in_channels", "in_chans", default=None) or _get(
+        cfg, "num_channels", default=3
+    )
+    if video:
+        frames = _get(cfg, "num_frames", default=4)
+        return torch.randn(batch, frames, c, h, w, generator=gen)
+    return torch.randn(batch, c, h, w, generator=gen)
+
+
+def image_token_id(cfg: Any) -> int | None:
+    for name in ("image_token_id", "image_token_index"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def _guess_image_tokens(cfg: Any) -> int:
+    for name in ("mm_tokens_per_image", "image_seq_length", "num_image_tokens", "num_query_tokens"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and 0 < v <= 4096:
+            if name != "image_seq_length":
+                return v
+    vcfg = _vision_config(cfg)
+    h, w = _image_hw(vcfg)
+    patch = _get(vcfg, "patch_size", default=16)
+    patch = patch[0] if isinstance(patch, list | tuple) else patch
+    n = (h // patch) * (w // patch)
+    if getattr(cfg, "vision_feature_select_strategy", None) == "full":
+        n += 1
+    merge = _get(vcfg, "spatial_merge_size") or _get(cfg, "spatial_merge_size")
+    if isinstance(merge, int) and merge > 1:
+        n //= merge * merge
+    ratio = getattr(cfg, "downsample_ratio", None)
+    if isinstance(ratio, float) and 0 < ratio < 1:
+        n = int(n * ratio * ratio)
+    return max(n, 1)
+
+
+def audio_token_id(cfg: Any) -> int | None:
+    for name in ("audio_token_id", "audio_token_index"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def _guess_audio_tokens(kwargs: dict[str, Any]) -> int:
+    feats = kwargs.get("input_features", kwargs.get("input_values"))
+    return max(1, int(feats.shape[-1]) // 4) if isinstance(feats, torch.Tensor) else 1
+
+
+def insert_placeholders(kwargs: dict[str, Any], tok: int | None, n: int, at: int = 0) -> None:
+    """Put ``n`` placeholder tokens (one image's or one clip's) at position ``at`` of every sequence,
+    where processors put them, and resize the masks that follow input_ids."""
+    if tok is None or "input_ids" not in kwargs or kwargs["input_ids"].dim() != 2:
+        return  # dual encoders (CLIP-style) take pixels and text separately
+    ids = kwargs["input_ids"]
+    block = torch.full((ids.shape[0], n), tok, dtype=ids.dtype)
+    kwargs["input_ids"] = torch.cat([ids[:, :at], block, ids[:, at:]], dim=1)
+    kwargs["_placeholder"] = {"token": tok, "n": n, "at": at}
+    kwargs["_image_tokens"] = n
+    _resize_masks(kwargs)
+
+
+def _resize_masks(kwargs: dict[str, Any]) -> None:
+    ids = kwargs["input_ids"]
+    if "attention_mask" in kwargs:
+        kwargs["attention_mask"] = torch.ones_like(ids)
+    if "token_type_ids" in kwargs:
+        kwargs["token_type_ids"] = torch.zeros_like(ids)
+    if "mm_token_type_ids" in kwargs and "_placeholder" in kwargs:
+        kwargs["mm_token_type_ids"] = (ids == kwargs["_placeholder"]["token"]).int()
+
+
+_MISMATCH = re.compile(r"tokens:?\s*(\d+),?\s*features:?\s*(\d+)", re.I)
+
+
+def refit_image_tokens(model: Any, plan: Plan, kwargs: dict[str, Any], error: BaseException) -> bool:
+    """After a placeholder/feature count mismatch, rebuild with the count the model reported.
+
+    Processors know how many placeholder tokens an image (or audio clip) becomes; we only know the
+    config. The model's own error message says the number of features, so a retry with that count
+    fixes most VLMs and audio LLMs.
+    """
+    m = _MISMATCH.search(str(error))
+    ph = kwargs.get("_placeholder")
+    if not m or not ph:
+        return False
+    features = int(m.group(2))
+    batch = kwargs["input_ids"].shape[0]
+    if features % batch:
+        return False
+    per_item = features // batch
+    if per_item == ph["n"]:
+        return False
+    ids = kwargs["input_ids"]
+    kwargs["input_ids"] = torch.cat([ids[:, : ph["at"]], ids[:, ph["at"] + ph["n"] :]], dim=1)
+    insert_placeholders(kwargs, ph["token"], per_item, ph["at"])
+    return True
+
+
+def _audio_inputs(cfg: Any, params, gen: torch.Generator, batch: int, plan: Plan) -> dict[str, Any]:
+    acfg = _sub(cfg, "audio_config", "encoder_config", "speech_config") or cfg
+    if "input_features" in params:
+        mel = _get(acfg, "num_mel_bins")
+        src = _get(acfg, "max_source_positions")
+        if mel and src:  # whisper layout: (batch, mel, 2 * max_source_positions)
+            out = {"input_features": torch.randn(batch, mel, 2 * src, generator=gen)}
+            for mask in ("feature_attention_mask", "input_features_mask"):
+                if mask in params:
+                    out[mask] = torch.ones(batch, 2 * src, dtype=torch.long)
+            return out
+        feat = _get(acfg, "input_feat_per_channel")
+        if feat:  # speech_to_text layout: (batch, frames, feat * channels)
+            ch = _get(acfg, "input_channels", default=1)
+            return {
+                "input_features": torch.randn(batch, 64, feat * ch, generator=gen),
+                "attention_mask": torch.ones(batch, 64, dtype=torch.long),
+            }
+        dim = _get(acfg, "feature_projection_input_dim", "feature_size", "num_mel_bins", "input_dim")
+        if dim:
+            out = {"input_features": torch.randn(batch, 64, dim, generator=gen)}
+            if "attention_mask" in params:
+                out["attention_mask"] = torch.ones(batch, 64, dtype=torch.long)
+            return out
+        raise InputError(f"{plan.model_id}: cannot size input_features from the config")
+    ratios = _get(acfg, "downsampling_ratios", "upsampling_ratios")
+    if _get(acfg, "audio_channels") is not None or ratios:  # neural codecs: (batch, channels, samples)
+        hop = _get(acfg, "hop_length") or (math.prod(ratios) if isinstance(ratios, list | tuple) else 320)
+        ch = _get(acfg, "audio_channels") or 1
+        return {"input_values": torch.randn(batch, ch, hop * 8, generator=gen)}
+    mel = _get(acfg, "num_mel_bins")
+    if mel and _get(acfg, "max_length"):  # spectrogram transformers (AST): (batch, time, mel)
+        return {"input_values": torch.randn(batch, _get(acfg, "max_length"), mel, generator=gen)}
+    strides = _get(acfg, "conv_stride", default=None)
+    hop = math.prod(strides) if isinstance(strides, list | tuple) and strides else 320
+    length = max(hop * 16, 1600)
+    out = {"input_values": torch.randn(batch, length, generator=gen)}
+    return out
+
+
+def _time_series_inputs(cfg: Any, params, gen: torch.Generator, batch: int) -> dict[str, Any]:
+    ctx = _get(cfg, "context_length", default=32)
+    pred = _get(cfg, "prediction_length", "horizon_length", default=8)
+    lags = _get(cfg, "lags_sequence", default=None)
+    hist = ctx + (max(lags) if isinstance(lags, list | tuple) and lags else 0)
+    channels = _get(cfg, "num_input_channels", default=None)
+    size = _get(cfg, "input_size", default=1)
+    out: dict[str, Any] = {}
+    if channels:  # PatchTST / PatchTSMixer: (batch, context, channels)
+        out["past_values"] = torch.randn(batch, ctx, channels, generator=gen)
+        if "future_values" in params and "Prediction" in type(cfg).__name__:
+            out["future_values"] = torch.randn(batch, pred, channels, generator=gen)
+        return out
+    shape = (batch, hist) if size == 1 else (batch, hist, size)
+    out["past_values"] = torch.randn(*shape, generator=gen)
+    n_time = _get(cfg, "num_time_features", default=0) or 0
+    if "past_time_features" in params:
+        out["past_time_features"] = torch.randn(batch, hist, n_time, generator=gen)
+    if "past_observed_mask" in params:
+        out["past_observed_mask"] = torch.ones(*shape)
+    fshape = (batch, pred) if size == 1 else (batch, pred, size)
+    if "future_values" in params:
+        out["future_values"] = torch.randn(*fshape, generator=gen)
+    if "future_time_features" in params:
+        out["future_time_features"] = torch.randn(batch, pred, n_time, generator=gen)
+    n_cat = _get(cfg, "num_static_categorical_features", default=0) or 0
+    if n_cat and "static_categorical_features" in params:
+        card = _get(cfg, "cardinality", default=[2])
+        out["static_categorical_features"] = torch.stack(
+            [torch.randint(0, max(1, c), (batch,), generator=gen) for c in card[:n_cat]], dim=1
+        )
+    n_real = _get(cfg, "num_static_real_features", default=0) or 0
+    if n_real and "static_real_features" in params:
+        out["static_real_features"] = torch.randn(batch, n_real, generator=gen)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- diffusion
+
+
+def _diffusion_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) -> dict[str, Any]:
+    cfg = dict(model.config)
+    params = forward_params(model)
+    name = plan.model_class
+    out: dict[str, Any] = {}
+    in_ch = cfg.get("in_channels") or 4
+    size = cfg.get("sample_size") or 16
+    size = size[0] if isinstance(size, list | tuple) else size
+    cond_dim = next(
+        (
+            cfg[k]
+            for k in (
+                "cross_attention_dim",
+                "joint_attention_dim",
+                "caption_channels",
+                "text_dim",
+                "text_embed_dim",
+            )
+            if isinstance(cfg.get(k), int)
+        ),
+        None,
+    )
+    main = "sample" if "sample" in params else "hidden_states"
+    if name.startswith("Flux") or name.startswith("QwenImage"):
+        seq = (size // 2) ** 2 if size else 16
+        out[main] = torch.randn(batch, seq, in_ch, generator=gen)
+    elif "3D" in name or "Video" in name or "SpatioTemporal" in name:
+        frames = cfg.get("num_frames") or 2
+        if "SpatioTemporal" in name:
+            out[main] = torch.randn(batch, frames, in_ch, size, size, generator=gen)
+        else:
+            out[main] = torch.randn(batch, in_ch, frames, size, size, generator=gen)
+    else:
+        out[main] = torch.randn(batch, in_ch, size, size, generator=gen)
+    if "timestep" in params:
+        out["timestep"] = torch.tensor([10.0, 500.0][:batch] + [250.0] * max(0, batch - 2))
+    if "encoder_hidden_states" in params and cond_dim:
+        out["encoder_hidden_states"] = torch.randn(batch, TEXT_COND_LEN, cond_dim, generator=gen)
+    if "pooled_projections" in params and cfg.get("pooled_projection_dim"):
+        out["pooled_projections"] = torch.randn(batch, cfg["pooled_projection_dim"], generator=gen)
+    if "img_ids" in params:
+        seq = out[main].shape[1]
+        side = int(math.isqrt(seq))
+        ids = torch.zeros(side, side, 3)
+        ids[..., 1] = torch.arange(side)[:, None]
+        ids[..., 2] = torch.arange(side)[None, :]
+        out["img_ids"] = ids.reshape(-1, 3)
+    if "txt_ids" in params:
+        out["txt_ids"] = torch.zeros(TEXT_COND_LEN, 3)
+    if "guidance" in params and cfg.get("guidance_embeds"):
+        out["guidance"] = torch.full((batch,), 3.5)
+    if "class_labels" in params:
+        n_cls = cfg.get("num_class_embeds") or (cfg.get("num_embeds_ada_norm") if "DiT" in name else None)
+        if n_cls:
+            out["class_labels"] = torch.randint(0, n_cls, (batch,), generator=gen)
+    if "added_cond_kwargs" in params:
+        if cfg.get("addition_embed_type") == "text_time":
+            t = cfg.get("addition_time_embed_dim") or 8
+            pooled = (cfg.get("projection_class_embeddings_input_dim") or 6 * t + 32) - 6 * t
+            out["added_cond_kwargs"] = {
+                "text_embeds": torch.randn(batch, pooled, generator=gen),
+                "time_ids": torch.randn(batch, 6, generator=gen),
+            }
+        elif name.startswith("PixArt"):
+            out["added_cond_kwargs"] = {"resolution": None, "aspect_ratio": None}
+    if "added_time_ids" in params:
+        t = cfg.get("addition_time_embed_dim") or 256
+        n = (cfg.get("projection_class_embeddings_input_dim") or 3 * t) // t
+        out["added_time_ids"] = torch.randn(batch, n, generator=gen)
+    if "controlnet_cond" in params:
+        cc = cfg.get("conditioning_channels") or 3
+        out["controlnet_cond"] = torch.randn(batch, cc, size * 8, size * 8, generator=gen)
+    return out
+
+
+# --------------------------------------------------------------------------------------- special builders
+
+
+def _patches(vcfg: Any, gen: torch.Generator, n_images: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Flattened patches + (t, h, w) grids, Qwen2-VL style; returns (patches, grid_thw, tokens per image)."""
+    patch = vcfg.patch_size
+    patch = patch[0] if isinstance(patch, list | tuple) else patch
+    tps = getattr(vcfg, "temporal_patch_size", None) or 1
+    merge = getattr(vcfg, "spatial_merge_size", None) or 1
+    ch = (
+        getattr(vcfg, "in_channels", None)
+        or getattr(vcfg, "in_chans", None)
+        or getattr(vcfg, "num_channels", 3)
+    )
+    grid = 2 * merge  # patches per side
+    per_image = grid * grid
+    pixel_values = torch.randn(n_images * per_image, ch * tps * patch * patch, generator=gen)
+    thw = torch.tensor([[1, grid, grid]] * n_images)
+    return pixel_values, thw, per_image // (merge * merge)
+
+
+def _qwen_vl_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) -> dict[str, Any]:
+    """Qwen2-VL family (and GLM-4V & co): flattened patches + image_grid_thw, image tokens between the
+    vision start/end tokens (M-RoPE finds images by the start token)."""
+    cfg = model.config
+    vcfg = getattr(cfg, "vision_config", cfg)
+    pixel_values, thw, n_tokens = _patches(vcfg, gen, batch)
+    vocab = _text_config(cfg).vocab_size
+    text = random_ids(gen, (batch, SEQ_LEN), vocab, special_token_ids(cfg))
+    start = _get(cfg, "vision_start_token_id", "image_start_token_id")
+    end = _get(cfg, "vision_end_token_id", "image_end_token_id")
+    pieces = [torch.full((batch, 1), start)] if isinstance(start, int) else []
+    pieces += [torch.full((batch, 1), end)] if isinstance(end, int) else []
+    ids = torch.cat([*pieces, text], dim=1)
+    params = forward_params(model)
+    out: dict[str, Any] = {"input_ids": ids, "pixel_values": pixel_values, "image_grid_thw": thw}
+    if "attention_mask" in params:
+        out["attention_mask"] = torch.ones_like(ids)
+    if "mm_token_type_ids" in params:
+        out["mm_token_type_ids"] = torch.zeros_like(ids, dtype=torch.int)
+    insert_placeholders(out, image_token_id(cfg), n_tokens, at=1 if isinstance(start, int) else 0)
+    return out
+
+
+def _patch_grid_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) -> dict[str, Any]:
+    """Vision towers of Qwen2-VL-style models called on their own: (patches, grid_thw)."""
+    pixel_values, thw, _ = _patches(model.config, gen, batch)
+    name = "hidden_states" if "hidden_states" in forward_params(model) else "pixel_values"
+    return {name: pixel_values, "grid_thw": thw}
+
+
+BUILDERS: dict[str, Callable[[Any, Plan, torch.Generator, int], dict[str, Any]]] = {
+    "qwen_vl": _qwen_vl_inputs,
+    "patch_grid": _patch_grid_inputs,
+}
+
+
+# ------------------------------------------------------------------------------------------------- labels
+
+
+def build_labels(model: Any, plan: Plan, kwargs: dict[str, Any], gen: torch.Generator) -> dict[str, Any]:
+    """Labels for one training step, by head: LM, classification, token, QA, CTC, seq2seq."""
+    name = plan.model_class
+    cfg = getattr(model, "config", None)
+    ids = kwargs.get("input_ids")
+    num_labels = getattr(cfg, "num_labels", 2) or 2
+    batch = next(v.shape[0] for v in kwargs.values() if isinstance(v, torch.Tensor))
+    if name.endswith("ForMultipleChoice"):
+        return {"labels": torch.randint(0, ids.shape[1], (batch,), generator=gen)}
+    if name.endswith("ForQuestionAnswering"):
+        seq = ids.shape[1]
+        return {
+            "start_positions": torch.randint(0, seq, (batch,), generator=gen),
+            "end_positions": torch.randint(0, seq, (batch,), generator=gen),
+        }
+    if name.endswith("ForTokenClassification"):
+        return {"labels": torch.randint(0, num_labels, ids.shape, generator=gen)}
+    if name.endswith(
+        (
+            "ForSequenceClassification",
+            "ForImageClassification",
+            "ForAudioClassification",
+            "ForVideoClassification",
+            "ForSequenceClassificationWithPooling",
+        )
+    ):
+        return {"labels": torch.randint(0, num_labels, (batch,), generator=gen)}
+    if name.endswith("ForCTC"):
+        vocab = cfg.vocab_size
+        return {"labels": torch.randint(1, vocab, (batch, 4), generator=gen)}
+    if "decoder_input_ids" in kwargs:
+        dec = kwargs["decoder_input_ids"]
+        return {"labels": dec.clone()}
+    if ids is not None and name.endswith(
+        ("ForCausalLM", "LMHeadModel", "ForMaskedLM", "ForConditionalGeneration")
+    ):
+        labels = ids.clone()
+        tok = image_token_id(cfg) if cfg is not None else None
+        if tok is not None:
+            labels[labels == tok] = -100
+        return {"labels": labels}
+    if "future_values" in kwargs:
+        return {}
+    raise InputError(f"{plan.model_id}: no label builder for {name}")
+
+
+def strip_private(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The kwargs without builder bookkeeping (keys starting with '_')."""
+    return {k: v for k, v in kwargs.items() if not k.startswith("_")}

@@ -1,0 +1,510 @@
+"""Turn a sample entry into a loadable model: plan (class, effective config, dedup key), write, load.
+
+Tier ``offline``: the config comes from the entry (``config`` dict) or the config class defaults, is
+shrunk to a CPU-sized variant, initialised randomly with a fixed seed and written with ``save_pretrained``;
+the run then loads it with ``AutoModelFor<Task>.from_pretrained(path, device_map=device)`` so the real
+loading path is exercised. Tier ``hub``: the real config and weights, under a size cap.
+
+Planning is cheap (no weights) and runs in the parent: it yields the dedup key, so models whose
+effective config is identical run once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from compat import overrides as _ov
+from compat.shrink import ShrinkError, shrink_config_dict, shrink_diffusers_config
+
+SEED = 0
+DEFAULT_HUB_MAX_PARAMS = 500_000_000
+FAKE_PREFIX = "fake/"
+
+
+class HarnessError(Exception):
+    """The harness could not build or plan the model: never counted against the backend."""
+
+
+@dataclass
+class Plan:
+    """Everything a worker needs to build, load and feed one model (JSON-serialisable)."""
+
+    model_id: str
+    library: str  # transformers | diffusers | fake
+    model_class: str
+    loader: str  # auto class (or the model class itself) whose from_pretrained loads it
+    config: dict[str, Any]
+    tier: str = "offline"
+    model_type: str | None = None
+    architecture: str | None = None
+    task: str | None = None
+    modality: str | None = None
+    dedup_key: str = ""
+    config_source: str = "class-defaults"
+    skip: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        return cls(**data)
+
+
+# pipeline_tag -> the auto class its models load with
+TASK_AUTO_CLASS = {
+    "text-generation": "AutoModelForCausalLM",
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "sentiment-analysis": "AutoModelForSequenceClassification",
+    "zero-shot-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "multiple-choice": "AutoModelForMultipleChoice",
+    "feature-extraction": "AutoModel",
+    "sentence-similarity": "AutoModel",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "translation": "AutoModelForSeq2SeqLM",
+    "summarization": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+    "image-feature-extraction": "AutoModel",
+    "object-detection": "AutoModelForObjectDetection",
+    "image-segmentation": "AutoModelForImageSegmentation",
+    "depth-estimation": "AutoModelForDepthEstimation",
+    "zero-shot-image-classification": "AutoModelForZeroShotImageClassification",
+    "zero-shot-object-detection": "AutoModelForZeroShotObjectDetection",
+    "image-text-to-text": "AutoModelForImageTextToText",
+    "image-to-text": "AutoModelForImageTextToText",
+    "visual-question-answering": "AutoModelForVisualQuestionAnswering",
+    "document-question-answering": "AutoModelForDocumentQuestionAnswering",
+    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+    "audio-classification": "AutoModelForAudioClassification",
+    "text-to-audio": "AutoModelForTextToWaveform",
+    "text-to-speech": "AutoModelForTextToWaveform",
+    "video-classification": "AutoModelForVideoClassification",
+    "time-series-forecasting": "AutoModelForTimeSeriesPrediction",
+    "mask-generation": "AutoModelForMaskGeneration",
+    "table-question-answering": "AutoModelForTableQuestionAnswering",
+}
+# fallbacks tried when the task's auto class has no entry for the model_type
+TASK_FALLBACKS = {
+    "automatic-speech-recognition": ("AutoModelForCTC",),
+    "image-to-text": ("AutoModelForVision2Seq", "AutoModelForCausalLM"),
+    "image-text-to-text": ("AutoModelForCausalLM",),
+    "text-generation": ("AutoModelForSeq2SeqLM",),
+}
+
+
+def is_fake(entry_or_id: dict[str, Any] | str) -> bool:
+    """Test-only fake models are accepted only when COMPAT_ENABLE_FAKES=1."""
+    mid = entry_or_id if isinstance(entry_or_id, str) else str(entry_or_id.get("id", ""))
+    return mid.startswith(FAKE_PREFIX) and os.environ.get("COMPAT_ENABLE_FAKES") == "1"
+
+
+def plan_entry(
+    entry: dict[str, Any], tier: str = "offline", hub_max_params: int = DEFAULT_HUB_MAX_PARAMS
+) -> Plan:
+    """Plan one sample entry; raises HarnessError naming the model and the field when it cannot."""
+    mid = str(entry.get("id") or "")
+    if not mid:
+        raise HarnessError(f"sample entry without an id: {json.dumps(entry, default=str)[:200]}")
+    if is_fake(entry):
+        behaviour = mid[len(FAKE_PREFIX) :].split("#")[0]  # "fake/slow-0.1#3": distinct ids, same behaviour
+        plan = Plan(mid, "fake", "FakeModel", "FakeModel", {"behaviour": behaviour}, tier, model_type="fake")
+        plan.task, plan.modality, plan.architecture = entry.get("task"), entry.get("modality"), "Fake"
+        plan.dedup_key = _key({"fake": mid})
+        return plan
+    if tier not in ("offline", "hub"):
+        raise HarnessError(f"{mid}: unknown tier {tier!r} (expected 'offline' or 'hub')")
+    library = (entry.get("library") or "transformers").lower()
+    if library == "diffusers" or _is_diffusers_class(entry.get("architecture")):
+        plan = _plan_diffusers(entry, tier)
+    elif library in ("transformers", "sentence-transformers", "sentence_transformers", "peft"):
+        plan = _plan_transformers(entry, tier)
+    elif library == "timm":
+        plan = Plan(
+            mid, "timm", str(entry.get("architecture")), "", {}, tier, skip="timm models are not run yet"
+        )
+    else:
+        raise HarnessError(f"{mid}: library {library!r} is not supported (transformers, diffusers)")
+    ov = _ov.override_for(plan.model_type)
+    if ov.skip and not plan.skip:
+        plan.skip = ov.skip
+    for k in ("task", "modality"):
+        setattr(plan, k, entry.get(k) or getattr(plan, k))
+    plan.modality = plan.modality or infer_modality(plan)
+    if tier == "hub":
+        _hub_check_size(plan, entry, hub_max_params)
+        plan.dedup_key = _key({"hub": plan.model_id, "class": plan.model_class, "config": plan.config})
+    else:
+        plan.dedup_key = _key({"class": plan.model_class, "loader": plan.loader, "config": plan.config})
+    return plan
+
+
+def _key(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------- transformers
+
+
+@cache
+def _auto_tables() -> dict[str, dict[str, Any]]:
+    """auto class name -> {model_type: class name or tuple of names}."""
+    import transformers
+
+    tables = {}
+    for name in dir(transformers):
+        if not name.startswith("AutoModel"):
+            continue
+        mapping = getattr(getattr(transformers, name), "_model_mapping", None)
+        names = getattr(mapping, "_model_mapping", None)
+        if isinstance(names, dict):
+            tables[name] = names
+    return tables
+
+
+def _names(v: Any) -> tuple[str, ...]:
+    return tuple(v) if isinstance(v, list | tuple) else (v,)
+
+
+def _auto_loader_for(model_type: str, class_name: str, task: str | None) -> str:
+    """The auto class that maps model_type to class_name, preferring the task's; else the class itself."""
+    tables = _auto_tables()
+    preferred = [TASK_AUTO_CLASS.get(task or "")] + list(TASK_FALLBACKS.get(task or "", ()))
+    for auto in [p for p in preferred if p] + sorted(tables):
+        names = tables.get(auto, {}).get(model_type)
+        if names is not None and class_name in _names(names):
+            return auto
+    return class_name
+
+
+def _class_for_task(model_type: str, task: str | None, mid: str) -> str:
+    tables = _auto_tables()
+    preferred = [TASK_AUTO_CLASS.get(task or "")] + list(TASK_FALLBACKS.get(task or "", ())) + ["AutoModel"]
+    for auto in preferred:
+        names = tables.get(auto or "", {}).get(model_type)
+        if names is not None:
+            return _names(names)[0]
+    raise HarnessError(f"{mid}: no model class for model_type {model_type!r} and task {task!r}")
+
+
+def _plan_transformers(entry: dict[str, Any], tier: str) -> Plan:
+    import transformers
+    from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
+
+    mid = str(entry["id"])
+    arch = entry.get("architecture")
+    model_type = entry.get("model_type")
+    task = entry.get("task")
+    cls = None
+    if arch:
+        cls = getattr(transformers, str(arch), None)
+        if not (inspect.isclass(cls) and issubclass(cls, PreTrainedModel)):
+            raise HarnessError(f"{mid}: unknown architecture {arch!r} (not a transformers model class)")
+        cfg_type = getattr(cls.config_class, "model_type", None)
+        model_type = model_type or cfg_type
+    if not model_type:
+        raise HarnessError(f"{mid}: entry has neither a model_type nor a known architecture")
+    if cls is None:
+        arch = _class_for_task(model_type, task, mid)
+        cls = getattr(transformers, arch, None)
+        if cls is None:
+            raise HarnessError(f"{mid}: transformers has no class {arch!r} for model_type {model_type!r}")
+    config_cls = cls.config_class
+    source = "class-defaults"
+    try:
+        if tier == "hub":
+            config = AutoConfig.from_pretrained(mid)
+            source = "hub"
+        elif isinstance(entry.get("config"), dict):
+            config = config_cls.from_dict(dict(entry["config"]))
+            source = "entry-config"
+        elif config_cls is PretrainedConfig or getattr(config_cls, "model_type", "") == "":
+            config = AutoConfig.for_model(model_type)
+        else:
+            config = config_cls()
+    except Exception as exc:  # config classes raise anything from ValueError to KeyError
+        hint = _guess_field(str(exc), entry.get("config") if isinstance(entry.get("config"), dict) else {})
+        raise HarnessError(
+            f"{mid}: cannot build the {model_type!r} config{hint}: {type(exc).__name__}: {_one_line(exc)}"
+        ) from None
+    full = config.to_dict()
+    if tier == "hub":
+        effective = full
+    else:
+        try:
+            shrunk = shrink_config_dict(full, model=mid)
+        except ShrinkError as exc:
+            raise HarnessError(f"{mid}: cannot shrink the config: {exc}") from None
+        _ov.apply_config_patch(shrunk, _ov.override_for(model_type).config)
+        _no_cache(shrunk)
+        shrunk["architectures"] = [cls.__name__]
+        try:
+            effective = type(config).from_dict(shrunk).to_dict()
+        except Exception as exc:
+            field_hint = _guess_field(str(exc), shrunk)
+            raise HarnessError(
+                f"{mid}: the shrunk {model_type!r} config is invalid{field_hint}: {type(exc).__name__}: {_one_line(exc)}"
+            ) from None
+    for k in ("transformers_version", "_name_or_path", "_commit_hash"):
+        effective.pop(k, None)
+    loader = _auto_loader_for(model_type, cls.__name__, task)
+    return Plan(
+        mid,
+        "transformers",
+        cls.__name__,
+        loader,
+        effective,
+        tier,
+        model_type=model_type,
+        architecture=str(arch),
+        task=task,
+        config_source=source,
+    )
+
+
+def _no_cache(config: dict[str, Any]) -> None:
+    """use_cache=False at every level: cache objects in outputs break comparisons, and forwards that take
+    it through **kwargs only see the config's default."""
+    if "use_cache" in config:
+        config["use_cache"] = False
+    for v in config.values():
+        if isinstance(v, dict):
+            _no_cache(v)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _guess_field(message: str, config: dict[str, Any]) -> str:
+    """The config field an error message talks about (quoted names first), as ' (field x)'."""
+    hits = [k for k in _flat_keys(config) if k.split(".")[-1] in message]
+    if not hits:
+        return ""
+    hits.sort(
+        key=lambda k: (
+            f"`{k.split('.')[-1]}`" not in message and f"'{k.split('.')[-1]}'" not in message,
+            -len(k),
+        )
+    )
+    return f" (field {hits[0]!r})"
+
+
+def _flat_keys(d: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out.append(f"{prefix}{k}")
+        if isinstance(v, dict):
+            out += _flat_keys(v, f"{prefix}{k}.")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- diffusers
+
+
+def _is_diffusers_class(name: Any) -> bool:
+    if not name or not isinstance(name, str):
+        return False
+    if not (name.endswith("Pipeline") or "UNet" in name or "Autoencoder" in name or name.endswith("Model")):
+        return False
+    try:
+        import transformers
+
+        if hasattr(transformers, name):
+            return False
+        import diffusers
+
+        return hasattr(diffusers, name)
+    except ImportError:
+        return False
+
+
+DENOISER_COMPONENTS = ("transformer", "unet", "prior", "decoder", "vae")
+
+
+def _resolve_diffusers_class(name: str, mid: str):
+    import diffusers
+    from diffusers import DiffusionPipeline, ModelMixin
+
+    cls = getattr(diffusers, name, None)
+    if cls is None:
+        raise HarnessError(f"{mid}: unknown diffusers class {name!r}")
+    if inspect.isclass(cls) and issubclass(cls, ModelMixin):
+        return cls, None
+    if inspect.isclass(cls) and issubclass(cls, DiffusionPipeline):
+        params = inspect.signature(cls.__init__).parameters
+        for comp in DENOISER_COMPONENTS:
+            p = params.get(comp)
+            ann = p.annotation if p is not None else None
+            if isinstance(ann, str):
+                ann = getattr(diffusers, ann.split("[")[0].strip("'\" "), None)
+            if inspect.isclass(ann) and issubclass(ann, ModelMixin):
+                return ann, comp
+        raise HarnessError(f"{mid}: pipeline {name!r} has no denoiser component we can run")
+    raise HarnessError(f"{mid}: {name!r} is neither a diffusers model nor a pipeline")
+
+
+def diffusers_default_config(cls: Any) -> dict[str, Any]:
+    """The class's config defaults, read from its __init__ signature (no weights allocated)."""
+    out = {}
+    for k, p in inspect.signature(cls.__init__).parameters.items():
+        if k == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if p.default is not inspect.Parameter.empty:
+            out[k] = list(p.default) if isinstance(p.default, tuple) else p.default
+    return out
+
+
+def _plan_diffusers(entry: dict[str, Any], tier: str) -> Plan:
+    mid = str(entry["id"])
+    arch = entry.get("architecture")
+    if not arch:
+        raise HarnessError(f"{mid}: diffusers entry without an architecture (model or pipeline class)")
+    try:
+        cls, component = _resolve_diffusers_class(str(arch), mid)
+    except ImportError as exc:
+        raise HarnessError(f"{mid}: diffusers is not importable: {exc}") from None
+    source = "class-defaults"
+    if isinstance(entry.get("config"), dict):
+        full, source = dict(entry["config"]), "entry-config"
+    else:
+        full = diffusers_default_config(cls)
+    effective = full if tier == "hub" else shrink_diffusers_config(full, model=mid)
+    _ov.apply_config_patch(effective, _ov.override_for(cls.__name__).config)
+    plan = Plan(mid, "diffusers", cls.__name__, cls.__name__, effective, tier, architecture=str(arch))
+    plan.model_type = cls.__name__
+    plan.config_source = source
+    if component:
+        plan.notes.append(f"runs the pipeline's {component!r} component ({cls.__name__})")
+    return plan
+
+
+def infer_modality(plan: Plan) -> str:
+    """A modality guess for entries that do not name one (the sampler normally does)."""
+    if plan.library == "diffusers":
+        return "diffusion"
+    task = plan.task or ""
+    name = plan.model_class
+    if "time-series" in task or any(s in name for s in ("TimeSeries", "PatchTST", "Informer", "Autoformer")):
+        return "time-series"
+    if "video" in task or "Video" in name:
+        return "video"
+    if any(s in task for s in ("speech", "audio")) or any(
+        s in name for s in ("Audio", "Speech", "CTC", "Wav")
+    ):
+        return "audio"
+    if (
+        any(s in task for s in ("image-text", "image-to-text", "visual-question"))
+        or "ImageTextToText" in name
+    ):
+        return "multimodal"
+    if "image" in task or "object" in task or "depth" in task:
+        return "vision"
+    return "text"
+
+
+# ------------------------------------------------------------------------------------------------- hub tier
+
+
+def _hub_check_size(plan: Plan, entry: dict[str, Any], max_params: int) -> None:
+    """Skip models over the size cap: the sample's estimate first, then the Hub's safetensors metadata."""
+    params = entry.get("params")
+    if isinstance(params, int | float) and params > max_params:
+        plan.skip = f"{params:.3g} parameters exceed the hub-tier cap of {max_params:.3g}"
+        return
+    import huggingface_hub
+
+    try:
+        info = huggingface_hub.model_info(plan.model_id, files_metadata=True)
+    except Exception as exc:
+        raise HarnessError(
+            f"{plan.model_id}: cannot read Hub metadata: {type(exc).__name__}: {exc}"
+        ) from None
+    total = getattr(getattr(info, "safetensors", None), "total", None)
+    if not total:
+        sizes = [
+            getattr(s, "size", 0) or 0
+            for s in (getattr(info, "siblings", None) or [])
+            if str(getattr(s, "rfilename", "")).endswith((".safetensors", ".bin"))
+        ]
+        total = sum(sizes) // 4 if sizes else None  # bytes -> fp32 parameters (an upper bound for fp16)
+    if total and total > max_params:
+        plan.skip = f"{total:.3g} parameters exceed the hub-tier cap of {max_params:.3g}"
+    plan.notes.append(f"hub revision {getattr(info, 'sha', None)}; parameters {total}")
+
+
+# ------------------------------------------------------------------------------------- build & load (worker)
+
+
+def materialize(plan: Plan, cache_dir: str | os.PathLike[str]) -> str:
+    """Write the shrunk, seeded, randomly initialised model once per dedup key; return its path (or hub id)."""
+    if plan.tier == "hub" or plan.library == "fake":
+        return plan.model_id
+    import torch
+
+    root = Path(cache_dir)
+    path = root / plan.dedup_key[:24]
+    if (path / ".complete").exists():
+        return str(path)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".{path.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    torch.manual_seed(SEED)
+    model = build_model(plan)
+    model.save_pretrained(str(tmp))
+    (tmp / ".complete").write_text(plan.model_class + "\n")
+    try:
+        os.rename(tmp, path)
+    except OSError:  # another worker finished the same key first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(path)
+
+
+def build_model(plan: Plan):
+    """The model object from the plan's config, randomly initialised (call under a fixed seed)."""
+    import torch
+
+    if plan.library == "diffusers":
+        import diffusers
+
+        cls = getattr(diffusers, plan.model_class)
+        return cls.from_config(plan.config).to(torch.float32).eval()
+    import transformers
+
+    cls = getattr(transformers, plan.model_class)
+    config = cls.config_class.from_dict(dict(plan.config))
+    return cls(config).to(torch.float32).eval()
+
+
+def load_model(plan: Plan, path: str, device: str | None = None):
+    """Load through the real ``from_pretrained`` path; ``device`` goes to ``device_map`` (None = plain CPU)."""
+    import torch
+
+    if plan.library == "fake":
+        from compat import fakes
+
+        model = fakes.build_model(plan.config["behaviour"])
+        return model.to(device) if device is not None else model
+    kwargs: dict[str, Any] = {}
+    if device is not None:
+        kwargs["device_map"] = device
+    if plan.library == "diffusers":
+        import diffusers
+
+        cls = getattr(diffusers, plan.loader)
+        return cls.from_pretrained(path, torch_dtype=torch.float32, **kwargs).eval()
+    import transformers
+
+    loader = getattr(transformers, plan.loader)
+    return loader.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
