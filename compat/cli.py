@@ -219,6 +219,7 @@ def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
             timeout_s=args.timeout,
             mem_limit_mb=args.mem_limit_mb,
             tier=args.tier,
+            compile_backend=args.compile_backend,
         )
     except ValueError as e:  # the runner's own checks of its arguments
         print(f"error: {e}", file=sys.stderr)
@@ -310,6 +311,11 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model and mode")
     p.add_argument("--mem-limit-mb", type=int, default=4096, help="memory cap per worker")
     p.add_argument("--tier", choices=["offline", "hub"], default="offline")
+    p.add_argument(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend for the compiled mode (default: tpu on the tpu device, aot_eager elsewhere)",
+    )
     p.add_argument("--out", help="results directory (default reports/<today>)")
     p.add_argument("--model-lists", default=str(MODEL_LISTS), help=argparse.SUPPRESS)
     p.add_argument("--reports-dir", default=str(REPORTS), help="where dated report directories live")
