@@ -10,6 +10,11 @@ __version__ = "0.1.0"
 
 register()
 
+# transformers/accelerate/diffusers patches, applied when (or if) those modules get imported
+from hf_tpu.integrations import install as _install_integrations  # noqa: E402
+
+_install_integrations()
+
 
 def compile(model, **kwargs):  # noqa: A001 - mirrors torch.compile
     """`torch.compile(model, backend="tpu")`; `buckets=(64, 128, ...)` pads sequence lengths (see bucketing.py)."""

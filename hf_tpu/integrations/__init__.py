@@ -1,0 +1,122 @@
+"""Hugging Face integrations: the only place in hf_tpu that knows accelerate/transformers/diffusers internals.
+
+Nothing here imports those libraries. `install()` (called by `import hf_tpu`, hence at `import torch`)
+only puts a small finder on `sys.meta_path`; each patch runs when its target module finishes executing,
+or at once if that module is already imported. So import order never matters, and `import torch` does
+not pay for `import transformers`.
+
+Which module gets which patch is the `HOOKS` table below; the patches live in `accelerate.py`,
+`transformers.py` and `diffusers.py` next to this file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from types import ModuleType
+
+# target module -> "hf_tpu.integrations.<file>:<function>" patches, applied in order, once per module object
+HOOKS: dict[str, tuple[str, ...]] = {
+    "accelerate.utils.modeling": ("accelerate:patch_modeling",),
+    "accelerate.utils": ("accelerate:patch_utils",),
+    "accelerate.state": ("accelerate:patch_state",),
+    "transformers.integrations.accelerate": ("transformers:patch_integrations_accelerate",),
+    "transformers.modeling_utils": ("transformers:patch_modeling_utils",),
+    "transformers.training_args": ("transformers:patch_training_args",),
+    "transformers.testing_utils": ("transformers:patch_testing_utils",),
+    "diffusers.pipelines.pipeline_loading_utils": ("diffusers:patch_pipeline_loading_utils",),
+    "diffusers.models.model_loading_utils": ("diffusers:patch_model_loading_utils",),
+    "diffusers.pipelines.pipeline_utils": ("diffusers:patch_pipeline_utils",),
+    "diffusers.models.modeling_utils": ("diffusers:rebind_determine_device_map",),
+    "diffusers.loaders.single_file_model": ("diffusers:rebind_determine_device_map",),
+}
+
+_lock = threading.RLock()
+_installed = False
+_resolving = threading.local()
+
+
+def _patch_function(ref: str) -> Callable[[ModuleType], None]:
+    file, name = ref.split(":")
+    return getattr(importlib.import_module(f"hf_tpu.integrations.{file}"), name)
+
+
+def apply_patches(module: ModuleType) -> None:
+    """Run the patches registered for `module` (idempotent per module object)."""
+    done: set = module.__dict__.setdefault("__hf_tpu_patched__", set())
+    for ref in HOOKS.get(module.__name__, ()):
+        if ref in done:
+            continue
+        done.add(ref)
+        try:
+            _patch_function(ref)(module)
+        except Exception as exc:  # noqa: BLE001 - a broken patch must never break the user's import
+            warnings.warn(
+                f"hf_tpu: could not patch {module.__name__} ({ref}) for the tpu device: {exc!r}. "
+                "Please report this with your transformers/accelerate/diffusers versions.",
+                stacklevel=2,
+            )
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Wraps the real loader of a hooked module: executes it, then applies our patches."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__dict__.pop("__hf_tpu_patched__", None)  # importlib.reload re-executes: patch again
+        self._loader.exec_module(module)
+        apply_patches(module)
+
+    def __getattr__(self, name: str):
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: asks the finders after it, and wraps the loader of hooked modules."""
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname not in HOOKS:
+            return None
+        busy = _resolving.__dict__.setdefault("names", set())
+        if fullname in busy:
+            return None
+        busy.add(fullname)
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            busy.discard(fullname)
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Put the post-import finder first on sys.meta_path and patch modules already imported (idempotent)."""
+    global _installed
+    with _lock:
+        if not _installed:
+            sys.meta_path.insert(0, _PostImportFinder())
+            _installed = True
+        for name in HOOKS:
+            module = sys.modules.get(name)
+            if module is not None:
+                apply_patches(module)
+
+
+__all__ = ["HOOKS", "apply_patches", "install"]

@@ -1,0 +1,172 @@
+"""accelerate on tpu: report chip memory to `get_max_memory`, and make `PartialState` pick the tpu device.
+
+accelerate lists accelerators by probing cuda/npu/xpu/... one by one and never asks
+`torch.accelerator`, so without this `device_map="auto"` puts every weight on CPU and `Accelerator()`
+(hence `Trainer`) runs on CPU. Index 0 in a `max_memory` dict means the one logical `tpu:0` device
+(`torch.device(0)` is `tpu:0` while tpu is the current accelerator).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from types import ModuleType
+
+import torch
+
+# the functions we replaced, keyed by module name, so repeated patching never wraps a wrapper
+_ORIGINALS: dict[str, object] = {}
+# max_memory keys accelerate understands besides accelerator indices, in its placement order
+_HOST_KEYS = ("mps", "cpu", "disk")
+
+
+def tpu_is_accelerator() -> bool:
+    """True when `tpu` is torch's current accelerator (hf_tpu registered and no CUDA build in the way)."""
+    acc = torch.accelerator.current_accelerator()
+    return acc is not None and acc.type == "tpu"
+
+
+def logical_device_error(what: str, index: int) -> ValueError:
+    """The error for any tpu index but 0: there is one logical device spanning every chip."""
+    try:
+        chips = torch.tpu.device_count()
+    except Exception:  # noqa: BLE001 - the count is only decoration for the message
+        chips = "all"
+    return ValueError(
+        f"{what} asks for tpu:{index}, but hf_tpu exposes all {chips} local chip(s) as one logical device, "
+        "tpu:0 (a model is spread over chips by sharding, not by device index). Use device_map='tpu' "
+        "(or 'tpu:0', 0, {'': 'tpu'}, 'auto'), and key max_memory by 0 or 'tpu'."
+    )
+
+
+def tpu_index(value) -> int | None:
+    """The tpu index `value` (a device_map value or max_memory key) names, or None if it is not tpu."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if tpu_is_accelerator() else None
+    if isinstance(value, str):
+        if value in ("auto", "balanced", "balanced_low_0", "sequential", "disk", "cpu", "meta", "mps"):
+            return None
+        try:
+            value = torch.device(value)
+        except (RuntimeError, ValueError):
+            return None
+    if isinstance(value, torch.device) and value.type == "tpu":
+        return value.index or 0
+    return None
+
+
+def _original_get_max_memory():
+    modeling = sys.modules.get("accelerate.utils.modeling")
+    if modeling is None:
+        import accelerate.utils.modeling as modeling  # noqa: F811 - patched by our import hook
+    if "accelerate.utils.modeling" not in _ORIGINALS:
+        patch_modeling(modeling)
+    return _ORIGINALS["accelerate.utils.modeling"]
+
+
+def _to_bytes(value) -> int:
+    if isinstance(value, str):
+        from accelerate.utils import convert_file_size_to_int
+
+        return convert_file_size_to_int(value)
+    return int(value)
+
+
+def _normalize(max_memory: dict) -> dict:
+    """User max_memory -> accelerate's form: tpu keys ('tpu', 'tpu:0', device, 0) become 0, sizes ints.
+
+    Like accelerate, sizes given as strings are converted in the caller's dict too: transformers compares
+    the caller's values with ours afterwards.
+    """
+    out: dict = {}
+    for key, value in list(max_memory.items()):
+        if isinstance(value, str):
+            max_memory[key] = value = _to_bytes(value)
+        index = tpu_index(key)
+        if index is not None:
+            if index != 0:
+                raise logical_device_error(f"max_memory key {key!r}", index)
+            out[0] = _to_bytes(value)
+        elif key in _HOST_KEYS:
+            out[key] = _to_bytes(value)
+        else:
+            raise ValueError(
+                f"max_memory key {key!r} is not a device here: use 0 or 'tpu' for the tpu, and 'cpu'/'disk' "
+                "for offloading."
+            )
+    return {k: out[k] for k in [0, *_HOST_KEYS] if k in out}
+
+
+def get_max_memory(max_memory: dict | None = None) -> dict:
+    """accelerate's `get_max_memory`, plus the tpu: free device bytes under key 0 (first, so it fills first)."""
+    original = _original_get_max_memory()
+    if not tpu_is_accelerator():
+        return original(max_memory)
+    if max_memory is not None:
+        return _normalize(max_memory)
+    host = original(None)
+    free, _total = torch.tpu.mem_get_info()
+    return {0: free, **{k: v for k, v in host.items() if not isinstance(k, int)}}
+
+
+# -- device_map strategies ---------------------------------------------------------------------------------
+def _model_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
+        b.numel() * b.element_size() for b in model.buffers()
+    )
+
+
+def check_strategy_result(model, strategy: str, device_map: dict, max_memory, warn) -> None:
+    """After accelerate's planner: nothing on tpu is an error; partial offload is logged, not silent."""
+    devices = set(device_map.values())
+    if not any(tpu_index(d) is not None for d in devices):
+        budget = get_max_memory(dict(max_memory) if max_memory else None).get(0, 0)
+        raise ValueError(
+            f"device_map={strategy!r} could not place any part of {type(model).__name__} "
+            f"({_model_bytes(model) / 2**20:.1f} MiB) on tpu: the tpu budget is {budget / 2**20:.1f} MiB "
+            f"(max_memory={max_memory!r}). Raise the tpu entry of max_memory (key 0 or 'tpu'), or pass "
+            "device_map='cpu' if you want the model on CPU."
+        )
+    offloaded = sorted(k for k, d in device_map.items() if d in ("cpu", "disk"))
+    if offloaded:
+        warn(
+            f"hf_tpu: device_map={strategy!r} with max_memory={max_memory!r} keeps {len(offloaded)} module(s) "
+            f"off the tpu ({', '.join(offloaded[:4])}{', ...' if len(offloaded) > 4 else ''}): their weights "
+            "live on cpu/disk and are streamed to tpu for each forward (accelerate offload). Raise max_memory "
+            "for the tpu to keep everything on the device."
+        )
+
+
+def patch_modeling(module: ModuleType) -> None:
+    """accelerate.utils.modeling: `infer_auto_device_map` and `get_balanced_memory` call it by module global."""
+    current = module.get_max_memory
+    if current is not get_max_memory:
+        _ORIGINALS["accelerate.utils.modeling"] = current
+        module.get_max_memory = get_max_memory
+
+
+def patch_utils(module: ModuleType) -> None:
+    """accelerate.utils re-exports the function by name; `from accelerate.utils import get_max_memory`."""
+    _original_get_max_memory()
+    module.get_max_memory = get_max_memory
+
+
+def patch_state(module: ModuleType) -> None:
+    """`PartialState.default_device` probes cuda, xpu, npu... but never tpu: add it (before the CPU default)."""
+    cls = module.PartialState
+    prop = cls.__dict__.get("default_device")
+    if not isinstance(prop, property) or getattr(prop.fget, "__hf_tpu__", False):
+        return
+    original = prop.fget
+
+    @functools.wraps(original)
+    def default_device(self) -> torch.device:
+        device = original(self)
+        if device.type == "cpu" and tpu_is_accelerator():
+            return torch.device("tpu", 0)
+        return device
+
+    default_device.__hf_tpu__ = True
+    cls.default_device = property(default_device, doc=prop.__doc__)

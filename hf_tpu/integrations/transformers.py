@@ -1,0 +1,292 @@
+"""transformers on tpu: device_map checks, chip memory for "auto", dtype checks, compiled decode, Trainer, tests.
+
+What transformers already does right for `tpu` (5.2x): `device_map="tpu" | "tpu:0" | 0 | torch.device`
+become `{"": tpu}`, the model is built on meta, safetensors are mmap'd on CPU and each tensor is copied
+(and cast) to tpu; generate auto-compiles the decode step with `CompileConfig(backend="tpu")` for a
+compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills its backend tables from
+`torch.tpu`. What this module adds:
+
+- `device_map` naming `tpu:N` with N > 0 (or `max_memory` keyed by it) fails up front: there is one
+  logical device spanning every chip.
+- `"auto" | "balanced" | "balanced_low_0" | "sequential"` see the chip memory (see `accelerate.py`); when
+  that strategy cannot put anything on tpu the load stops with an error that names `max_memory`,
+  instead of silently running on CPU. Partial offload to cpu/disk (accelerate's documented behaviour when
+  `max_memory` budgets them) is kept and logged.
+- a dtype the platform cannot hold (float64 on TPU, formats XLA lacks) fails before any weight is read.
+- the compiled decode step degrades to eager with a one-time warning if the compile path fails.
+- `Trainer` (with accelerate's `PartialState` now picking tpu, see `accelerate.py`): `dataloader_pin_memory`
+  is turned off on tpu (pinned host memory is a CUDA notion; the tpu device has no pinned allocator), as
+  transformers does for `use_cpu`; the default `adamw_torch_fused` becomes `adamw_torch` while the runtime
+  has no `_fused_adamw_` kernel.
+- testing_utils' memory tables point at `torch.tpu`, and its device count is 1 (tests address devices by
+  index; every chip is behind `tpu:0`).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from types import ModuleType
+
+import torch
+
+from hf_tpu.integrations import accelerate as _acc
+from hf_tpu.integrations.accelerate import logical_device_error, tpu_index, tpu_is_accelerator
+
+STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def _logger():
+    from transformers.utils import logging
+
+    return logging.get_logger("transformers.hf_tpu")
+
+
+# -- device_map -------------------------------------------------------------------------------------------
+def check_tpu_device_map(device_map) -> None:
+    """Refuse `tpu:N` (N > 0) anywhere in a device_map, before transformers builds anything."""
+    values = device_map.values() if isinstance(device_map, dict) else [device_map]
+    for value in values:
+        index = tpu_index(value)
+        if index is not None and index != 0:
+            raise logical_device_error(f"device_map={device_map!r}", index)
+
+
+def targets_tpu(device_map) -> bool:
+    """Does this (user-given) device_map put any weight on tpu?"""
+    if device_map is None:
+        device = torch.tensor([]).device  # what a `with torch.device(...)` / set_default_device gives
+        return device.type == "tpu"
+    if isinstance(device_map, str) and device_map in STRATEGIES:
+        return tpu_is_accelerator()
+    values = device_map.values() if isinstance(device_map, dict) else [device_map]
+    return any(tpu_index(v) is not None for v in values)
+
+
+def _wrap_check_and_set_device_map(original):
+    if getattr(original, "__hf_tpu__", False):
+        return original
+
+    @functools.wraps(original)
+    def check_and_set_device_map(device_map):
+        check_tpu_device_map(device_map)
+        result = original(device_map)
+        if isinstance(result, dict):  # the context-manager / default-device form is only known now
+            check_tpu_device_map(result)
+        return result
+
+    check_and_set_device_map.__hf_tpu__ = True
+    return check_and_set_device_map
+
+
+def _wrap_get_device_map(original):
+    if getattr(original, "__hf_tpu__", False):
+        return original
+
+    @functools.wraps(original)
+    def _get_device_map(model, device_map, max_memory, hf_quantizer):
+        strategy = device_map if isinstance(device_map, str) else None
+        result = original(model, device_map, max_memory, hf_quantizer)
+        if strategy is not None and tpu_is_accelerator():
+            _acc.check_strategy_result(model, strategy, result, max_memory, _logger().warning)
+        return result
+
+    _get_device_map.__hf_tpu__ = True
+    return _get_device_map
+
+
+# -- dtype --------------------------------------------------------------------------------------------------
+def check_tpu_dtype(dtype) -> None:
+    """A dtype the tpu cannot hold on this platform: fail now, naming the fix, not halfway through a load."""
+    from hf_tpu.runtime import dtypes, platform
+
+    if isinstance(dtype, dict):
+        for value in dtype.values():
+            check_tpu_dtype(value)
+        return
+    if isinstance(dtype, str):
+        if dtype == "auto":
+            return
+        dtype = getattr(torch, dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        return
+    try:
+        dtypes.to_jax_dtype(dtype)
+        if dtype in (torch.float64, torch.complex128) and not platform.supports_float64():
+            raise dtypes.UnsupportedDtypeError(f"{dtype} has no XLA:TPU support (no 64-bit floating point).")
+    except dtypes.UnsupportedDtypeError as exc:
+        raise dtypes.UnsupportedDtypeError(
+            f"from_pretrained(..., dtype={dtype}) cannot load onto the tpu device: {exc} "
+            "Pass dtype=torch.bfloat16 or torch.float32, or device_map='cpu' to stay on CPU."
+        ) from None
+
+
+def _wrap_from_pretrained(cls) -> None:
+    descriptor = cls.__dict__.get("from_pretrained")
+    if not isinstance(descriptor, classmethod) or getattr(descriptor.__func__, "__hf_tpu__", False):
+        return
+    original = descriptor.__func__
+
+    @functools.wraps(original)
+    def from_pretrained(klass, *args, **kwargs):
+        device_map = kwargs.get("device_map")
+        check_tpu_device_map(device_map)
+        if not targets_tpu(device_map):
+            return original(klass, *args, **kwargs)
+        check_tpu_dtype(kwargs.get("dtype", kwargs.get("torch_dtype")))
+        try:
+            return original(klass, *args, **kwargs)
+        except Exception as exc:
+            if type(exc).__name__ == "SafetensorError":  # safetensors says what broke, not which checkpoint
+                where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+                exc.add_note(
+                    f"hf_tpu: a safetensors file of {where!r} is corrupt or truncated; nothing was kept on "
+                    "tpu. Re-save or re-download the checkpoint."
+                )
+            raise
+
+    from_pretrained.__hf_tpu__ = True
+    cls.from_pretrained = classmethod(from_pretrained)
+
+
+# -- compiled decode ------------------------------------------------------------------------------------------
+_compile_notice = threading.Event()
+
+
+class _EagerFallback:
+    """The compiled forward generate uses for tpu; if compiling or running it fails, eager from then on."""
+
+    __hf_tpu__ = True
+
+    def __init__(self, model, compiled) -> None:
+        self._model = model
+        self._compiled = compiled
+
+    def __call__(self, *args, **kwargs):
+        model = self._model
+        if not getattr(model, "_hf_tpu_eager_decode", False):
+            try:
+                return self._compiled(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - any compile-path failure: eager gives the same result
+                fall_back_to_eager(model, exc)
+        return model.__call__(*args, **kwargs)
+
+
+def fall_back_to_eager(model, exc: BaseException) -> None:
+    model._hf_tpu_eager_decode = True
+    if not _compile_notice.is_set():
+        _compile_notice.set()
+        _logger().warning(
+            f"hf_tpu: the compiled decode step (torch.compile backend='tpu') failed for {type(model).__name__} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); generating in eager mode "
+            "instead. Pass generation_config.disable_compile=True to skip the attempt. (shown once)"
+        )
+
+
+def _wrap_get_compiled_call(cls) -> None:
+    original = cls.__dict__.get("get_compiled_call")
+    if original is None or getattr(original, "__hf_tpu__", False):
+        return
+
+    @functools.wraps(original)
+    def get_compiled_call(self, compile_config):
+        if self.device.type != "tpu":
+            return original(self, compile_config)
+        if getattr(self, "_hf_tpu_eager_decode", False):
+            return self.__call__
+        try:
+            compiled = original(self, compile_config)
+        except Exception as exc:  # noqa: BLE001 - e.g. the backend is not registered
+            fall_back_to_eager(self, exc)
+            return self.__call__
+        wrapper = getattr(self, "_hf_tpu_compiled_wrapper", None)
+        if wrapper is None or wrapper._compiled is not compiled:
+            wrapper = _EagerFallback(self, compiled)
+            self._hf_tpu_compiled_wrapper = wrapper
+        return wrapper
+
+    get_compiled_call.__hf_tpu__ = True
+    cls.get_compiled_call = get_compiled_call
+
+
+# -- patches (applied by hf_tpu.integrations' import hook) -----------------------------------------------------
+def patch_integrations_accelerate(module: ModuleType) -> None:
+    """transformers.integrations.accelerate: its own copy of accelerate's get_max_memory, and the map helpers."""
+    if hasattr(module, "accelerate_max_memory"):
+        module.accelerate_max_memory = _acc.get_max_memory
+    module.check_and_set_device_map = _wrap_check_and_set_device_map(module.check_and_set_device_map)
+    module._get_device_map = _wrap_get_device_map(module._get_device_map)
+
+
+def patch_modeling_utils(module: ModuleType) -> None:
+    """transformers.modeling_utils imported the map helpers by name; PreTrainedModel gets the tpu checks."""
+    integ = sys.modules.get("transformers.integrations.accelerate")
+    if integ is not None:
+        for name in ("check_and_set_device_map", "_get_device_map"):
+            if hasattr(module, name):
+                setattr(module, name, getattr(integ, name))
+    _wrap_from_pretrained(module.PreTrainedModel)
+    _wrap_get_compiled_call(module.PreTrainedModel)
+
+
+def patch_training_args(module: ModuleType) -> None:
+    """TrainingArguments: no pinned host memory for tpu (DataLoader would ask the tpu for a pinned allocator)."""
+    cls = module.TrainingArguments
+    original = cls.__dict__.get("__post_init__")
+    if original is None or getattr(original, "__hf_tpu__", False):
+        return
+
+    @functools.wraps(original)
+    def __post_init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if self.use_cpu or not tpu_is_accelerator():
+            return
+        self.dataloader_pin_memory = False
+        if str(getattr(self.optim, "value", self.optim)) == "adamw_torch_fused" and not _has_lowering(
+            "aten::_fused_adamw_"
+        ):
+            _logger().info(
+                "hf_tpu: the tpu device has no fused AdamW kernel (aten::_fused_adamw_) yet; using "
+                "optim='adamw_torch' (same math, one op per tensor)."
+            )
+            self.optim = type(self.optim)("adamw_torch") if hasattr(self.optim, "value") else "adamw_torch"
+
+    __post_init__.__hf_tpu__ = True
+    cls.__post_init__ = __post_init__
+
+
+def _has_lowering(op: str) -> bool:
+    """Whether the tpu runtime registered a kernel for `op` (e.g. "aten::_fused_adamw_")."""
+    from hf_tpu.runtime.registration import ensure_kernels
+
+    ensure_kernels()
+    return torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")
+
+
+def _one_logical_device() -> int:
+    return 1
+
+
+def patch_testing_utils(module: ModuleType) -> None:
+    """TRANSFORMERS_TEST_DEVICE=tpu: fill the memory tables testing_utils leaves at their defaults for tpu."""
+    if not tpu_is_accelerator():
+        return
+    tpu = torch.tpu
+    # transformers' multi-device tests address devices by index (`f"{torch_device}:1"`, device_map over
+    # 0..n-1); every chip sits behind the one index 0, so the count of addressable devices is 1.
+    module.BACKEND_DEVICE_COUNT["tpu"] = _one_logical_device
+    tables = {
+        "BACKEND_MANUAL_SEED": tpu.manual_seed,
+        "BACKEND_SYNCHRONIZE": torch.accelerator.synchronize,
+        "BACKEND_EMPTY_CACHE": tpu.empty_cache,
+        "BACKEND_TORCH_ACCELERATOR_MODULE": tpu,
+        "BACKEND_MEMORY_ALLOCATED": tpu.memory_allocated,
+        "BACKEND_MAX_MEMORY_ALLOCATED": tpu.max_memory_allocated,
+        "BACKEND_RESET_PEAK_MEMORY_STATS": tpu.reset_peak_memory_stats,
+        "BACKEND_RESET_MAX_MEMORY_ALLOCATED": tpu.reset_peak_memory_stats,
+    }
+    for name, fn in tables.items():
+        table = getattr(module, name, None)
+        if isinstance(table, dict):
+            table.setdefault("tpu", fn)

@@ -1,0 +1,68 @@
+"""Trainer on tpu (use_cpu=False): it picks the tpu device, and the losses of a few steps match CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+
+class _Tokens(torch.utils.data.Dataset):
+    def __init__(self) -> None:
+        self.ids = torch.randint(0, 128, (16, 12), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def _train(tmp_path, use_cpu: bool, **extra):
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    model = LlamaForCausalLM(config)
+    args = TrainingArguments(
+        output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")),
+        use_cpu=use_cpu,
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        **extra,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return trainer, model, losses
+
+
+def test_trainer_runs_on_tpu_and_matches_cpu(tmp_path):
+    _, cpu_model, cpu_losses = _train(tmp_path, use_cpu=True)
+    trainer, model, losses = _train(tmp_path, use_cpu=False)
+    assert trainer.args.device.type == "tpu"
+    assert trainer.accelerator.device.type == "tpu"  # accelerate's PartialState picks tpu, not cpu
+    assert all(p.device.type == "tpu" for p in model.parameters())
+    assert len(losses) == 3
+    assert losses == pytest.approx(cpu_losses, abs=1e-4)
+    for (name, p), q in zip(model.named_parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_training_arguments_on_tpu(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    assert args.device.type == "tpu"
+    assert args.dataloader_pin_memory is False  # the tpu device has no pinned host allocator
+    assert TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True).device.type == "cpu"
