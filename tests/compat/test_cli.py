@@ -42,7 +42,18 @@ def fake_runner(monkeypatch: pytest.MonkeyPatch) -> dict:
     calls: dict = {}
 
     def run_models(
-        entries, out_dir, device, modes, jobs, executor, resume, shard, timeout_s, mem_limit_mb, tier
+        entries,
+        out_dir,
+        device,
+        modes,
+        jobs,
+        executor,
+        resume,
+        shard,
+        timeout_s,
+        mem_limit_mb,
+        tier,
+        compile_backend=None,
     ):
         calls.update(locals())
         arch = ("Arch", "type", "task", "text")

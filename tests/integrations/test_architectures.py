@@ -17,10 +17,7 @@ import torch
 
 from tests.integrations import zoo
 
-KNOWN_FAILURES = {
-    "falcon": "SDPA lowering rejects MQA key/value with 1 head without enable_gqa=True; PyTorch CPU broadcasts "
-    "the size-1 head dim (hf_tpu/runtime/lowerings/attention.py::_check_heads)",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _params(names):

@@ -216,6 +216,8 @@ def _check_heads(query, key, value, enable_gqa):
     hq, hk, hv = query.shape[-3], key.shape[-3], value.shape[-3]
     if hq == hk == hv:
         return
+    if hk == hv == 1:
+        return  # a single key/value head broadcasts over the query heads, as on CPU (multi-query attention)
     if not enable_gqa or hk != hv or hq % hk != 0:
         raise RuntimeError(
             "scaled_dot_product_attention: query heads must equal key/value heads, or be a multiple of them "
