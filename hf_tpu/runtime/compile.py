@@ -18,8 +18,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 from hf_tpu.runtime import platform, rng
-from hf_tpu.runtime.dispatch import _Signature, op_failure
-from hf_tpu.runtime.dtypes import to_jax_dtype
+from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.lowering_table import graph_lowering
 from hf_tpu.runtime.tensor import to_jax, wrap
 
@@ -59,29 +58,6 @@ def _spec_of(val):
     if isinstance(val, torch.Tensor):
         return (tuple(int(s) for s in val.shape), val.dtype)
     return None
-
-
-def _cast(jnp, value, spec):
-    if spec is None:
-        return value
-    if isinstance(value, list | tuple):
-        return type(value)(_cast(jnp, v, s) for v, s in zip(value, spec))
-    if not hasattr(value, "dtype"):
-        return value
-    shape, dtype = spec
-    jdt = to_jax_dtype(dtype)
-    if value.dtype != jdt:
-        value = value.astype(jdt)
-    if tuple(value.shape) != shape:
-        value = jnp.broadcast_to(value, shape) if value.size != _prod(shape) else value.reshape(shape)
-    return value
-
-
-def _prod(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class GraphProgram:
@@ -161,7 +137,7 @@ class GraphProgram:
                     raise RuntimeError(
                         f"hf_tpu compile: lowering {target} failed in graph {self.name}: {exc}"
                     ) from exc
-                env[node] = _cast(jnp, out, _spec(node))
+                env[node] = _cast_like(jnp, out, _spec(node))
             elif node.op == "output":
                 outs = node.args[0]
                 return tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outs)

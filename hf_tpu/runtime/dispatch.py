@@ -128,6 +128,8 @@ def _cast_like(jnp, result, spec):
         return result
     if isinstance(result, list | tuple):
         return type(result)(_cast_like(jnp, r, s) for r, s in zip(result, spec))
+    if not hasattr(result, "dtype"):  # a Python value among graph outputs
+        return result
     shape, dtype = spec
     jdt = to_jax_dtype(dtype)
     if result.dtype != jdt:
