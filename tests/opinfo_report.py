@@ -33,6 +33,7 @@ import math
 import os
 import re
 import selectors
+import signal
 import subprocess
 import sys
 import time
@@ -707,8 +708,10 @@ class _Worker:
             self.proc.wait()
 
 
-def run_all(args, keys: list[str]) -> list[dict]:
-    """Run `keys` over `args.jobs` workers; a crashed or hung worker is replaced and its op recorded."""
+def run_all(args, keys: list[str], sink=None) -> list[dict]:
+    """Run `keys` over `args.jobs` workers; a crashed or hung worker is replaced and its op recorded.
+    `sink(payload)` sees each result as it arrives (the partial file); on an interrupt the results so
+    far are returned (the workers are stopped)."""
     log_path = Path(args.log) if args.log else Path(os.devnull)
     log = open(log_path, "a")  # noqa: SIM115 - shared by every worker until the end
     hard_timeout = args.budget * 2 + 120  # the budget is checked between samples; compiles can be long
@@ -738,6 +741,8 @@ def run_all(args, keys: list[str]) -> list[dict]:
 
     def record(payload: dict) -> None:
         results.append(payload)
+        if sink is not None:
+            sink(payload)
         n = len(results)
         print(
             f"[{n}/{len(keys)}] {payload['op']}: {payload['status']} "
@@ -762,24 +767,32 @@ def run_all(args, keys: list[str]) -> list[dict]:
         if pending:
             start_worker()
 
-    for _ in range(min(args.jobs, len(pending))):
-        start_worker()
-    while workers:
-        for sk, _ in sel.select(timeout=5):
-            w = sk.data
-            line = w.proc.stdout.readline()
-            if not line:
-                w.proc.wait()
-                lost(w, "crashed", f"worker died (exit {w.proc.returncode}) while running this op")
-                continue
-            record(json.loads(line))
-            w.op = None
-            feed(w)
-        now = time.monotonic()
-        for w in list(workers):
-            if w.op is not None and now - w.started > hard_timeout:
-                lost(w, "timeout", f"no result after {hard_timeout:.0f} s")
-    log.close()
+    try:
+        for _ in range(min(args.jobs, len(pending))):
+            start_worker()
+        while workers:
+            for sk, _ in sel.select(timeout=5):
+                w = sk.data
+                line = w.proc.stdout.readline()
+                if not line:
+                    w.proc.wait()
+                    lost(w, "crashed", f"worker died (exit {w.proc.returncode}) while running this op")
+                    continue
+                record(json.loads(line))
+                w.op = None
+                feed(w)
+            now = time.monotonic()
+            for w in list(workers):
+                if w.op is not None and now - w.started > hard_timeout:
+                    lost(w, "timeout", f"no result after {hard_timeout:.0f} s")
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(results)} of {len(keys)} OpInfos done", flush=True)
+    finally:
+        for w in workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+            w.proc.wait()
+        log.close()
     return results
 
 
@@ -879,6 +892,11 @@ def write_report(results: list[dict], out: Path, meta: dict) -> None:
         f"torch {meta['torch']}, jax {meta['jax']}, dtypes {meta['dtypes']}, per-op budget {meta['budget_s']} s, "
         f"{len(TABLE)} lowered ATen overloads, run {meta['date']} in {meta['seconds']:.0f} s.",
         "",
+        *(
+            []
+            if meta.get("complete", True)
+            else ["**Incomplete run** (interrupted): continue it with `--resume`.", ""]
+        ),
         "How an OpInfo is classified and compared: see the docstring of `tests/opinfo_report.py`; "
         "tolerances: `tests/runtime/opinfo_tolerances.py`.",
         "",
@@ -946,6 +964,10 @@ def write_report(results: list[dict], out: Path, meta: dict) -> None:
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="reports/opinfo")
@@ -957,6 +979,7 @@ def main(argv=None) -> int:
     p.add_argument("--recycle", type=int, default=40, help="ops per worker before it is restarted")
     p.add_argument("--run-unlowered", action="store_true", help="also run not-lowered OpInfos on tpu")
     p.add_argument("--log", default="", help="append worker stderr here")
+    p.add_argument("--resume", action="store_true", help="continue the interrupted run in --out")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -966,8 +989,27 @@ def main(argv=None) -> int:
     if args.ops:
         pats = [re.compile(f"^(?:{s.strip()})$") for s in args.ops.split(",") if s.strip()]
         keys = [k for k in keys if any(pt.match(k) for pt in pats)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / ".partial.jsonl"  # every result as it arrives: --resume continues an interrupted run
+    done: list[dict] = []
+    if args.resume and partial.exists():
+        done = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()]
+        finished = {r["op"] for r in done}
+        keys = [k for k in keys if k not in finished]
+        print(f"resuming: {len(done)} OpInfos already done, {len(keys)} to go", flush=True)
+    elif partial.exists():
+        partial.unlink()
     start = time.time()
-    results = run_all(args, keys)
+    # SIGTERM stops the run like Ctrl-C: the report is still written, marked incomplete
+    signal.signal(signal.SIGTERM, _interrupt)
+    with open(partial, "a") as fh:
+
+        def sink(payload: dict) -> None:
+            fh.write(json.dumps(payload) + "\n")
+            fh.flush()
+
+        results = done + run_all(args, keys, sink)
     import jax
 
     meta = {
@@ -978,8 +1020,11 @@ def main(argv=None) -> int:
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "seconds": round(time.time() - start, 1),
         "ops_filter": args.ops,
+        "complete": len(results) == len(keys) + len(done),
     }
-    write_report(results, Path(args.out), meta)
+    write_report(results, out, meta)
+    if meta["complete"]:
+        partial.unlink()
     totals = json.loads((Path(args.out) / "summary.json").read_text())["totals"]
     print(json.dumps(totals, indent=1))
     return 0
