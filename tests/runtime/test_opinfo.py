@@ -172,6 +172,16 @@ def test_harness_catches_a_wrong_result(ops):
     assert error.startswith("AssertionError:") and "not close" in error, error
 
 
+def test_fp64_rule_rejects_a_less_accurate_result(ops):
+    """bf16's second chance (closer to float64 than CPU) accepts the true value, not a 5% error."""
+    op = ops["mul"]
+    sample = next(s for s in op.sample_inputs("cpu", torch.bfloat16) if s.input.numel() > 4)
+    expected = op(sample.input, *sample.args, **sample.kwargs)
+    truth = op(sample.input.double(), *[a.double() for a in sample.args]).to(torch.bfloat16)
+    assert rep.closer_to_fp64(op, sample, truth, expected)
+    assert not rep.closer_to_fp64(op, sample, expected * 1.05 + 0.5, expected)
+
+
 def test_coverage_trace_follows_composites():
     """`t` is CompositeExplicitAutograd: the trace must see through it to the view kernels it calls."""
     rep._ensure_device()
