@@ -9,28 +9,40 @@ accumulate, so memory does not grow over a long loop.
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
-from dataclasses import dataclass
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
 
 DEVICE = torch.device("tpu", 0)
 _ALIGN = 64
 _FIRST_PTR = 1 << 44
 
 
-@dataclass(slots=True)
-class Payload:
-    """What one storage holds: `array` (None until first written) in `shape`/`dtype` (row-major)."""
+_weak_ref = torch.UntypedStorage._weak_ref
+_expired = torch.UntypedStorage._expired
+_free_weak_ref = torch.UntypedStorage._free_weak_ref
+_construct = torch._C._construct_storage_from_data_pointer
 
-    ref: StorageWeakRef
-    array: object
-    shape: tuple
-    dtype: torch.dtype
-    nbytes: int
+
+class Payload:
+    """What one storage holds: `array` (None until first written) in `shape`/`dtype` (row-major).
+
+    `weak` is a raw weak reference to the storage (torch's `StorageWeakRef` minus the Python object:
+    this is created once per op output, so it is kept cheap); the registry frees it with the payload.
+    """
+
+    __slots__ = ("weak", "array", "shape", "dtype", "nbytes")
+
+    def __init__(self, weak: int, array, shape: tuple, dtype: torch.dtype, nbytes: int) -> None:
+        self.weak = weak
+        self.array = array
+        self.shape = shape
+        self.dtype = dtype
+        self.nbytes = nbytes
+
+    def expired(self) -> bool:
+        return _expired(self.weak)
 
 
 class StorageRegistry:
@@ -41,24 +53,44 @@ class StorageRegistry:
         self._lock = threading.Lock()
         self._next_ptr = _FIRST_PTR
         self._since_sweep = 0
-        self._ids = itertools.count()
         self.allocated = 0
         self.peak = 0
 
     # -- allocation -------------------------------------------------------------------------------
-    def new_storage(self, nbytes: int, shape: tuple, dtype: torch.dtype, array=None) -> torch.UntypedStorage:
+    def _reserve(self, nbytes: int, array) -> tuple[int, bool]:
+        """A fresh unique fake pointer for `nbytes` (and the accounting); True when a sweep is due."""
         with self._lock:
             ptr = self._next_ptr
-            self._next_ptr += (max(nbytes, 1) + _ALIGN - 1) // _ALIGN * _ALIGN
+            self._next_ptr += (nbytes + _ALIGN) // _ALIGN * _ALIGN
             self._since_sweep += 1
-            sweep = self._since_sweep > max(256, len(self._payloads))
+            if array is not None:
+                self.allocated += nbytes
+                if self.allocated > self.peak:
+                    self.peak = self.allocated
+            return ptr, self._since_sweep > 256 and self._since_sweep > len(self._payloads)
+
+    def new_storage(self, nbytes: int, shape: tuple, dtype: torch.dtype, array=None) -> torch.UntypedStorage:
+        """A storage with a fresh unique fake pointer; `array` (if given) is its payload already."""
+        ptr, sweep = self._reserve(nbytes, array)
         if sweep:
             self.sweep()
-        storage = torch._C._construct_storage_from_data_pointer(ptr, DEVICE, nbytes)
-        self._payloads[ptr] = Payload(StorageWeakRef(storage), None, shape, dtype, nbytes)
-        if array is not None:
-            self.set_array(ptr, array)
+        storage = _construct(ptr, DEVICE, nbytes)
+        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes)
         return storage
+
+    def adopt(
+        self, storage: torch.UntypedStorage, nbytes: int, shape: tuple, dtype: torch.dtype, array
+    ) -> None:
+        """Give a freshly created tensor's (empty) storage a unique fake pointer and `array` as payload.
+
+        Cheaper than building a storage and `set_`-ing it into the tensor (a boxed redispatch), which
+        matters because this runs once per op output.
+        """
+        ptr, sweep = self._reserve(nbytes, array)
+        if sweep:
+            self.sweep()
+        storage._swap_data_ptr_(_construct(ptr, DEVICE, nbytes))
+        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes)
 
     def payload(self, ptr: int) -> Payload | None:
         return self._payloads.get(ptr)
@@ -76,9 +108,10 @@ class StorageRegistry:
     def sweep(self) -> int:
         """Drop payloads whose storage died; returns how many were freed."""
         with self._lock:
-            dead = [ptr for ptr, p in self._payloads.items() if p.ref.expired()]
+            dead = [ptr for ptr, p in self._payloads.items() if _expired(p.weak)]
             for ptr in dead:
                 p = self._payloads.pop(ptr)
+                _free_weak_ref(p.weak)
                 if p.array is not None:
                     self.allocated -= p.nbytes
             self._since_sweep = 0

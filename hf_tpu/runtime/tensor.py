@@ -17,6 +17,7 @@ _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
 _create = torch._C._acc.create_empty_tensor
 _payloads = REGISTRY._payloads
+_SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
 
 
 class DeviceMismatchError(RuntimeError):
@@ -37,15 +38,23 @@ def new_tensor(shape, dtype: torch.dtype, array=None) -> torch.Tensor:
     """A fresh contiguous tpu tensor; `array` (a jax.Array of that shape/dtype) or nothing allocated yet."""
     if type(shape) is not tuple:
         shape = tuple(shape)
-    nbytes = math.prod(shape) * dtype.itemsize
+    nbytes = _numel(shape) * dtype.itemsize
     if array is None:
         check_capacity(nbytes)
         if dtype in _HOST_ONLY_DTYPES:
             _check_platform_dtype(dtype)
     t = _create(shape, dtype)
-    storage = REGISTRY.new_storage(nbytes, shape, dtype, array)
-    _set_storage(_CPU_KEYS, t, storage, 0, shape, contiguous_strides(shape))
+    if _SWAP:
+        REGISTRY.adopt(t.untyped_storage(), nbytes, shape, dtype, array)
+    else:  # torch without UntypedStorage._swap_data_ptr_
+        storage = REGISTRY.new_storage(nbytes, shape, dtype, array)
+        _set_storage(_CPU_KEYS, t, storage, 0, shape, contiguous_strides(shape))
     return t
+
+
+@cache
+def _numel(shape: tuple) -> int:
+    return math.prod(shape)
 
 
 _HOST_ONLY_DTYPES = (torch.float64, torch.complex128)
@@ -75,7 +84,7 @@ def new_strided(shape, stride, dtype: torch.dtype) -> torch.Tensor:
 
 
 def wrap(array, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A new tpu tensor owning `array`."""
+    """A new tpu tensor owning `array` (runs once per op output)."""
     return new_tensor(array.shape, dtype or to_torch_dtype(array.dtype), array)
 
 

@@ -1,0 +1,65 @@
+"""The eager kernel cache: scalars baked into executables, and the switch to traced scalars."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hf_tpu.runtime import dispatch, registration
+from hf_tpu.runtime.lowering_table import TABLE
+
+
+def _kernel(op) -> dispatch.OpKernel:
+    """A fresh kernel (own cache) for `op`, as registration builds it."""
+    registration.ensure_kernels()
+    return dispatch.OpKernel(op, TABLE[op])
+
+
+def test_scalar_values_do_not_share_an_executable():
+    """0.0 and -0.0, 5 and 5.0, NaN: each gives PyTorch's answer, not a cached neighbour's."""
+    kernel = _kernel(torch.ops.aten.mul.Tensor)
+    x = torch.tensor([1.0, -2.0, 3.0])
+    d = x.to("tpu")
+    for s in (0.0, -0.0, 5, 5.0, math.nan, math.inf, -math.inf, 0.5):
+        got = kernel(d, s).cpu()
+        want = x * s
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), s
+
+
+def test_many_scalar_values_switch_to_traced_scalars():
+    kernel = _kernel(torch.ops.aten.add.Tensor)
+    x = torch.arange(6, dtype=torch.float32)
+    d = x.to("tpu")
+    for i in range(dispatch._MAX_STATIC_SCALAR_BUILDS + 10):
+        torch.testing.assert_close(kernel(d, float(i) / 3).cpu(), x + float(i) / 3)
+    assert kernel.dynamic_scalars
+    # once traced, new values reuse the one traced-scalar executable
+    n = len(kernel.cache)
+    for i in range(5):
+        torch.testing.assert_close(kernel(d, 100.0 + i).cpu(), x + 100.0 + i)
+    assert len(kernel.cache) == n <= dispatch._MAX_STATIC_SCALAR_BUILDS + 2
+
+
+def test_large_int_scalar_is_exact():
+    """An int beyond int32 travels as a traced int64 (baking it into int32 math would overflow)."""
+    x = torch.tensor([1, 2, 3], dtype=torch.int64)
+    big = (1 << 40) + 7
+    torch.testing.assert_close((x.to("tpu") + big).cpu(), x + big)
+    torch.testing.assert_close((x.to("tpu") * big).cpu(), x * big)
+
+
+def test_output_storages_are_unique_and_freed():
+    """Outputs get distinct fake pointers with the right byte size, and dead ones are swept."""
+    from hf_tpu.runtime.storage import REGISTRY
+
+    a = torch.ones(4, 4, device="tpu")
+    outs = [a + i for i in range(10)]
+    ptrs = {o.untyped_storage().data_ptr() for o in outs}
+    assert len(ptrs) == 10
+    assert all(o.untyped_storage().nbytes() == 64 for o in outs)
+    assert all(REGISTRY.payload(o.untyped_storage().data_ptr()) is not None for o in outs)
+    live = REGISTRY.live_count()
+    del outs
+    assert REGISTRY.live_count() <= live - 10
