@@ -303,7 +303,11 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sample", help="smoke | N (model_lists/sample-N-SEED.jsonl) | a path")
     p.add_argument("--seed", type=int, default=None, help="which sample-N-SEED.jsonl --sample N means")
     p.add_argument("--device", default="cpu", help="target device: cpu, tpu, ...")
-    p.add_argument("--modes", default="eager,compiled", help="comma-separated: eager,compiled,defer_and_fuse")
+    p.add_argument(
+        "--modes",
+        default="eager,compiled",
+        help="comma-separated: eager,compiled,defer_and_fuse,train (train: one training step vs a CPU step)",
+    )
     p.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
     p.add_argument("--shard", type=parse_shard, default=None, help="run shard i of N (i/N, 0-based)")

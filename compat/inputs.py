@@ -28,6 +28,11 @@ class InputError(HarnessError):
     """An input the builder cannot make for this model (names the model and the argument)."""
 
 
+class NoLoss(Exception):
+    """The head computes no loss (its forward takes no labels, or its output has no loss): the training
+    step is ``skipped`` for it, never a failure."""
+
+
 # ------------------------------------------------------------------------------------------------ helpers
 
 
@@ -592,6 +597,27 @@ def build_labels(model: Any, plan: Plan, kwargs: dict[str, Any], gen: torch.Gene
         }
     if name.endswith("ForTokenClassification"):
         return {"labels": torch.randint(0, num_labels, ids.shape, generator=gen)}
+    if name.endswith("ForPreTraining") and ids is not None:
+        # 0/1 per token: replaced-token labels (ELECTRA, Funnel) and valid MLM ids (BERT, ALBERT) alike
+        out = {"labels": torch.randint(0, 2, ids.shape, generator=gen)}
+        for sentence in ("next_sentence_label", "sentence_order_label"):
+            if sentence in forward_params(model):
+                out[sentence] = torch.randint(0, 2, (batch,), generator=gen)
+        return out
+    if name.endswith("ForSemanticSegmentation") and "pixel_values" in kwargs:
+        h, w = kwargs["pixel_values"].shape[-2:]
+        return {"labels": torch.randint(0, max(num_labels, 2), (batch, h, w), generator=gen)}
+    if name.endswith("ForObjectDetection") and "pixel_values" in kwargs:
+        boxes = [torch.rand(2, 2, generator=gen) * 0.5 + 0.25 for _ in range(batch)]  # centres
+        return {
+            "labels": [
+                {
+                    "class_labels": torch.randint(0, num_labels, (2,), generator=gen),
+                    "boxes": torch.cat([c, torch.full((2, 2), 0.2)], dim=1),  # (cx, cy, w, h)
+                }
+                for c in boxes
+            ]
+        }
     if name.endswith(
         (
             "ForSequenceClassification",
@@ -599,6 +625,7 @@ def build_labels(model: Any, plan: Plan, kwargs: dict[str, Any], gen: torch.Gene
             "ForAudioClassification",
             "ForVideoClassification",
             "ForSequenceClassificationWithPooling",
+            "ForXVector",
         )
     ):
         return {"labels": torch.randint(0, num_labels, (batch,), generator=gen)}
@@ -619,6 +646,27 @@ def build_labels(model: Any, plan: Plan, kwargs: dict[str, Any], gen: torch.Gene
     if "future_values" in kwargs:
         return {}
     raise InputError(f"{plan.model_id}: no label builder for {name}")
+
+
+LABEL_ARGS = ("labels", "start_positions", "end_positions", "future_values")
+
+
+def label_kwargs(model: Any, plan: Plan, kwargs: dict[str, Any], seed: int = 1) -> dict[str, Any]:
+    """What to add to built inputs for a training step: the labels the forward names (or
+    ``return_loss=True`` for contrastive dual encoders). Raises NoLoss for a head without a loss and
+    InputError when the forward takes labels we cannot build."""
+    params = forward_params(model)
+    if not any(a in params for a in LABEL_ARGS):
+        if "return_loss" in params:  # CLIP-style models compute their contrastive loss on request
+            return {"return_loss": True}
+        raise NoLoss(f"no loss for this head ({plan.model_class}.forward takes no labels)")
+    try:
+        labels = build_labels(model, plan, kwargs, torch.Generator().manual_seed(seed))
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{plan.model_id}: cannot build labels: {type(exc).__name__}: {exc}") from None
+    return {k: v for k, v in labels.items() if k in params}
 
 
 def strip_private(kwargs: dict[str, Any]) -> dict[str, Any]:

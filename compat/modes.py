@@ -1,4 +1,4 @@
-"""Run a loaded model in one mode (eager / compiled / defer_and_fuse) on a device and measure it.
+"""Run a loaded model in one mode (eager / compiled / defer_and_fuse / train) on a device and measure it.
 
 Device-agnostic: the device is a string for ``from_pretrained(device_map=...)`` and ``.to()``; anything
 device-specific (synchronize, peak memory, eager modes, the dynamo backend) is looked up on
@@ -8,6 +8,8 @@ device-specific (synchronize, peak memory, eager modes, the dynamo backend) is l
 from __future__ import annotations
 
 import contextlib
+import math
+import re
 import statistics
 import threading
 import time
@@ -18,8 +20,8 @@ from typing import Any
 import psutil
 import torch
 
-from compat.accuracy import Comparison, compare, to_cpu
-from compat.inputs import strip_private, to_device
+from compat.accuracy import Comparison, compare, exactly_equal, to_cpu
+from compat.inputs import NoLoss, cast_floating, strip_private, to_device
 from compat.records import exception_chain_text, parse_missing_op
 
 STEADY_CALLS = 3
@@ -45,6 +47,8 @@ class ModeResult:
     peak_mem_bytes: int | None = None
     comparison: Comparison | None = None
     compile_backend: str | None = None
+    tolerance: float | None = None  # set when the mode used its own (train: the suite's training tol)
+    notes: list[str] = field(default_factory=list)
 
 
 def device_type(device: str) -> str:
@@ -185,6 +189,19 @@ def _is_compile_error(exc: BaseException) -> bool:
     return isinstance(exc, TorchDynamoException)
 
 
+def record_failure(res: ModeResult, exc: BaseException, phase: str, mode: str) -> None:
+    """A backend exception as data: oom / compile_fail / fail_to_run, the message and the missing op."""
+    text = exception_chain_text(exc)
+    res.phase, res.error_class, res.error = phase, type(exc).__name__, text
+    res.missing_op = parse_missing_op(text)
+    if _is_oom(exc):
+        res.status = "oom"
+    elif mode == "compiled" and (phase == "compile" or _is_compile_error(exc)):
+        res.status = "compile_fail"
+    else:
+        res.status = "fail_to_run"
+
+
 def run_mode(
     load: Callable[[str], Any],
     inputs: dict[str, Any],
@@ -242,15 +259,7 @@ def run_mode(
     except ModeUnavailable as exc:
         res.status, res.phase, res.error = "skipped", phase, str(exc)
     except Exception as exc:  # every backend failure is data, never a crash of the harness
-        text = exception_chain_text(exc)
-        res.phase, res.error_class, res.error = phase, type(exc).__name__, text
-        res.missing_op = parse_missing_op(text)
-        if _is_oom(exc):
-            res.status = "oom"
-        elif mode == "compiled" and (phase == "compile" or _is_compile_error(exc)):
-            res.status = "compile_fail"
-        else:
-            res.status = "fail_to_run"
+        record_failure(res, exc, phase, mode)
         if mode == "compiled":
             with contextlib.suppress(Exception):
                 res.graph_breaks = int(sum(torch._dynamo.utils.counters["graph_break"].values()))
@@ -259,4 +268,222 @@ def run_mode(
         if mode == "compiled":
             with contextlib.suppress(Exception):
                 torch._dynamo.reset()
+    return res
+
+
+# -------------------------------------------------------------------------------------------- train mode
+
+TRAIN_TOL = 1e-2  # the TorchDynamo HF suite's training tolerance (1e-3 is its inference one)
+TRAIN_LR = 0.1
+MAX_GRADS = 16  # gradients compared: the largest-norm ones, all of them when the model has fewer
+
+# Float settings that make a training step random (dropout and its relatives). Zeroed so the step is a
+# deterministic function of weights and inputs, on CPU and on the device alike.
+_RANDOM_IN_TRAINING = re.compile(
+    r"dropout|drop_path|drop_prob|layerdrop|layer_drop|jitter|mask_time_prob|mask_feature_prob", re.I
+)
+
+
+class NondeterministicReference(Exception):
+    """Two CPU training steps under different seeds disagree: the step draws random numbers."""
+
+
+@dataclass
+class TrainReference:
+    """The CPU training step the device is held to: loss, chosen gradients, updated parameters."""
+
+    ref: dict[str, Any]
+    fp64: dict[str, Any] | None
+    names: list[str]
+    n_grads: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _zero_random_floats(obj: Any, seen: set[int]) -> None:
+    if id(obj) in seen or not hasattr(obj, "__dict__"):
+        return
+    seen.add(id(obj))
+    for name, value in list(vars(obj).items()):
+        if isinstance(value, float) and value and _RANDOM_IN_TRAINING.search(name):
+            with contextlib.suppress(Exception):
+                setattr(obj, name, 0.0)
+        elif hasattr(value, "to_dict") and not isinstance(value, torch.nn.Module):  # sub-configs
+            _zero_random_floats(value, seen)
+
+
+def disable_dropout(model: Any) -> Any:
+    """``model.train()`` with every dropout-like probability at 0: eval semantics for dropout only.
+
+    BatchNorm and friends keep their training behaviour (batch statistics). ``nn.Dropout`` modules get
+    p = 0, and float attributes of modules and configs named like dropout / layerdrop / drop_path / jitter /
+    SpecAugment mask probabilities are zeroed, since many models read those at forward time.
+    """
+    model.train()
+    seen: set[int] = set()
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.modules.dropout._DropoutNd):
+            mod.p = 0.0
+        _zero_random_floats(mod, seen)
+        cfg = getattr(mod, "config", None)
+        if cfg is not None and not isinstance(cfg, dict):
+            _zero_random_floats(cfg, seen)
+    return model
+
+
+def loss_of(out: Any) -> torch.Tensor | None:
+    """The ``loss`` of a model output (ModelOutput or dict), or None when the head computed none."""
+    loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+    return loss if isinstance(loss, torch.Tensor) else None
+
+
+def _host(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", copy=True)
+
+
+def _sgd(model: Any, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
+
+
+def _backward(model: Any, inputs: dict[str, Any], opt: torch.optim.Optimizer, at: Callable[[str], None]):
+    opt.zero_grad(set_to_none=True)
+    at("forward")
+    loss = loss_of(model(**inputs))
+    if loss is None:
+        raise NoLoss("no loss for this head (its output has no loss)")
+    at("backward")
+    (loss if loss.dim() == 0 else loss.mean()).backward()
+    return loss
+
+
+def train_step(
+    model: Any,
+    inputs: dict[str, Any],
+    opt: torch.optim.Optimizer,
+    keep: set[str] | None = None,
+    at: Callable[[str], None] = lambda phase: None,
+) -> dict[str, Any]:
+    """Forward with labels, backward of the loss, one optimizer step; CPU copies of the loss, the
+    gradients and the updated parameters (only those named in ``keep`` when given)."""
+    loss = _backward(model, inputs, opt, at)
+    named = [(n, p) for n, p in model.named_parameters() if keep is None or n in keep]
+    grads = {n: _host(p.grad) for n, p in named if p.grad is not None}
+    at("optimizer_step")
+    opt.step()
+    params = {n: _host(p) for n, p in named if n in grads}
+    return {"loss": _host(loss), "grads": grads, "params": params}
+
+
+def select_gradients(grads: dict[str, torch.Tensor], n: int = MAX_GRADS) -> list[str]:
+    """Names of the ``n`` largest-norm gradients (non-finite ones first), in model order."""
+    if len(grads) <= n:
+        return list(grads)
+
+    def norm(g: torch.Tensor) -> float:
+        v = float(torch.linalg.vector_norm(g.double()))
+        return v if math.isfinite(v) else math.inf
+
+    top = set(sorted(grads, key=lambda k: (-norm(grads[k]), k))[:n])
+    return [k for k in grads if k in top]
+
+
+def _subset(step: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    return {
+        "loss": step["loss"],
+        "grads": {k: step["grads"][k] for k in names if k in step["grads"]},
+        "params": {k: step["params"][k] for k in names if k in step["params"]},
+    }
+
+
+def train_reference(
+    load_cpu: Callable[[], Any],
+    inputs: dict[str, Any],
+    max_grads: int = MAX_GRADS,
+    lr: float = TRAIN_LR,
+) -> TrainReference:
+    """The CPU fp32 step twice on fresh models under seeds 0 and 1 (must agree bitwise, else the step is
+    random), the gradients to compare, and the fp64 step for the accuracy rule's arbitration.
+
+    Raises NoLoss when the head computes no loss, NondeterministicReference when the two steps differ.
+    """
+    inputs = strip_private(inputs)
+    runs = []
+    for seed in (0, 1):
+        model = disable_dropout(load_cpu())
+        torch.manual_seed(seed)
+        runs.append(train_step(model, inputs, _sgd(model, lr)))
+        del model
+    same, why = exactly_equal(runs[0], runs[1])
+    if not same:
+        raise NondeterministicReference(f"two CPU training steps (seeds 0 and 1) differ: {why}")
+    ref = runs[0]
+    names = select_gradients(ref["grads"], max_grads)
+    notes = [
+        f"train: loss, {len(names)} of {len(ref['grads'])} gradients (largest norm) and those parameters "
+        f"after one SGD step (lr {lr:g})"
+    ]
+    fp64 = None
+    try:
+        m64 = disable_dropout(load_cpu().to(torch.float64))
+        torch.manual_seed(0)
+        fp64 = train_step(m64, cast_floating(inputs, torch.float64), _sgd(m64, lr), keep=set(names))
+        del m64
+    except Exception as exc:
+        notes.append(
+            f"train fp64 reference unavailable ({type(exc).__name__}: {str(exc)[:200]}); allclose only"
+        )
+    return TrainReference(_subset(ref, names), fp64, names, len(ref["grads"]), notes)
+
+
+def run_train_mode(
+    load: Callable[[str], Any],
+    inputs: dict[str, Any],
+    device: str,
+    ref: TrainReference,
+    tol: float = TRAIN_TOL,
+    lr: float = TRAIN_LR,
+    on_phase: Callable[[str], None] = lambda phase: None,
+) -> ModeResult:
+    """Load on the device, ``train()`` with dropout off, one SGD step (timed) compared with ``ref`` by
+    the same accuracy rule as inference, then STEADY_CALLS more steps (median)."""
+    res = ModeResult(status="pass", tolerance=tol, notes=list(ref.notes))
+    phase = "load"
+    model = opt = out = None
+
+    def at(p: str) -> None:
+        nonlocal phase
+        phase = p
+        on_phase(p)
+
+    try:
+        with torch.enable_grad(), PeakMemory(device) as mem:
+            at("load")
+            t0 = time.perf_counter()
+            model = disable_dropout(load(device))
+            dev_inputs = to_device(strip_private(inputs), device)
+            opt = _sgd(model, lr)
+            synchronize(device)
+            res.times["load_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            torch.manual_seed(0)
+            out = train_step(model, dev_inputs, opt, set(ref.names), at)
+            res.times["first_call_s"] = time.perf_counter() - t0
+            at("steady")
+            steady = []
+            for _ in range(STEADY_CALLS):
+                t0 = time.perf_counter()
+                _backward(model, dev_inputs, opt, lambda p: None)
+                opt.step()
+                synchronize(device)
+                steady.append(time.perf_counter() - t0)
+            res.times["steady_s"] = statistics.median(steady)
+        res.peak_mem_bytes = mem.bytes
+        phase = "compare"
+        cmp = compare(ref.ref, out, ref.fp64, tol)
+        res.comparison = cmp
+        if not cmp.ok:
+            res.status, res.phase, res.error = "fail_accuracy", phase, cmp.detail
+    except Exception as exc:  # a backend failure (forward, backward or optimizer step) is data
+        record_failure(res, exc, phase, "train")
+    finally:
+        del model, opt, out
     return res

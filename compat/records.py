@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-MODES = ("eager", "compiled", "defer_and_fuse")
+MODES = ("eager", "compiled", "defer_and_fuse", "train")
 
 STATUSES = (
     "pass",

@@ -261,7 +261,7 @@ def _cell(t: dict) -> str:
 
 
 def order_modes(modes: Iterable[str]) -> list[str]:
-    """eager, compiled, defer_and_fuse first (the records' order), then any other mode by name."""
+    """eager, compiled, defer_and_fuse, train first (the records' order), then any other mode by name."""
     known = [m for m in MODES if m in set(modes)]
     return known + sorted(set(modes) - set(known))
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import jinja2
 
-MODE_COLORS = {"eager": "#4e79a7", "compiled": "#f28e2b", "defer_and_fuse": "#59a14f"}
+MODE_COLORS = {"eager": "#4e79a7", "compiled": "#f28e2b", "defer_and_fuse": "#59a14f", "train": "#b07aa1"}
 STATUS_COLORS = {
     "pass": "#1a9850", "fail_accuracy": "#fdae61", "fail_to_run": "#d73027", "compile_fail": "#f46d43",
     "timeout": "#9e0142", "oom": "#762a83", "crash": "#40004b", "harness_error": "#969696",

@@ -1,7 +1,8 @@
 """The worker process: runs one model at a time, reporting phases and records over a pipe.
 
 Per model: build (materialize), load on CPU, build inputs, CPU reference twice (must agree bitwise), fp64
-reference, then each requested mode on the target device. The parent (compat.supervise) owns timeouts,
+reference, then each requested mode on the target device (``train``: a training step against a CPU
+training-step reference of its own, see ``run_train``). The parent (compat.supervise) owns timeouts,
 the memory cap and recycling; this side only reports what happened. Anything the harness itself cannot
 do (config, inputs, a CPU reference that fails) is ``harness_error``, never a backend failure.
 """
@@ -198,17 +199,20 @@ def run_task(task: dict[str, Any], emit: Emit) -> None:
         def load(dev: str, _plan: Plan = plan, _path: str = path) -> Any:
             return load_model(_plan, _path, dev)
 
-        res = run_mode(
-            load,
-            kwargs,
-            mode,
-            device,
-            ref1,
-            fp64,
-            tol,
-            task.get("compile_backend"),
-            on_phase=lambda p, _m=mode: phase(p, _m),
-        )
+        if mode == "train":
+            res = run_train(plan, path, kwargs, device, tol, on_phase=lambda p: phase(p, "train"))
+        else:
+            res = run_mode(
+                load,
+                kwargs,
+                mode,
+                device,
+                ref1,
+                fp64,
+                tol,
+                task.get("compile_backend"),
+                on_phase=lambda p, _m=mode: phase(p, _m),
+            )
         cmp = res.comparison
         record(
             mode,
@@ -222,12 +226,66 @@ def run_task(task: dict[str, Any], emit: Emit) -> None:
             peak_mem_bytes=res.peak_mem_bytes,
             max_abs_diff=cmp.max_abs_diff if cmp else None,
             rmse=cmp.rmse if cmp else None,
-            tolerance=tol,
+            tolerance=res.tolerance or tol,
             compile_backend=res.compile_backend,
-            notes=notes,
+            notes=notes + res.notes,
         )
         if is_fake:
             fakes.set_phase("reference")
+
+
+def run_train(
+    plan: Any,
+    path: str,
+    kwargs: dict[str, Any],
+    device: str,
+    tol: float,
+    on_phase: Callable[[str], None] = lambda phase: None,
+) -> Any:
+    """The ``train`` mode of one model: labels, the CPU training-step reference, then the device step.
+
+    A head without a loss is ``skipped``; labels we cannot build or a CPU step that fails are
+    ``harness_error`` (ours, not the backend's); a CPU step that is random is ``eager_nondeterministic``.
+    The tolerance is the suite's training one (at least ``TRAIN_TOL``).
+    """
+    from compat.inputs import NoLoss, label_kwargs
+    from compat.materialize import load_model
+    from compat.modes import (
+        TRAIN_TOL,
+        ModeResult,
+        NondeterministicReference,
+        run_train_mode,
+        train_reference,
+    )
+    from compat.records import exception_chain_text
+
+    ttol = max(tol, TRAIN_TOL)
+    stage = "train_inputs"
+    try:
+        on_phase(stage)
+        cpu_model = load_model(plan, path)
+        train_kwargs = {**kwargs, **label_kwargs(cpu_model, plan, kwargs)}
+        del cpu_model
+        stage = "train_reference"
+        on_phase(stage)
+        ref = train_reference(lambda: load_model(plan, path), train_kwargs)
+    except NoLoss as exc:
+        return ModeResult("skipped", phase=stage, error=str(exc), tolerance=ttol)
+    except NondeterministicReference as exc:
+        return ModeResult("eager_nondeterministic", phase=stage, error=str(exc), tolerance=ttol)
+    except MemoryError as exc:
+        return ModeResult("oom", phase=stage, error_class=type(exc).__name__, error=f"during the CPU {stage}")
+    except Exception as exc:
+        msg = (
+            f"the CPU {stage} failed (a harness/builder problem, not the backend's): "
+            + exception_chain_text(exc)
+        )
+        return ModeResult(
+            "harness_error", phase=stage, error_class=type(exc).__name__, error=msg, tolerance=ttol
+        )
+    return run_train_mode(
+        lambda dev: load_model(plan, path, dev), train_kwargs, device, ref, ttol, on_phase=on_phase
+    )
 
 
 if __name__ == "__main__":
