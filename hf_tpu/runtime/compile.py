@@ -5,12 +5,16 @@ and each graph is interpreted with the lowering table inside a single `jax.jit`,
 shapes/dtypes. Parameters enter as the device buffers they already are (no per-call copies). A graph
 that holds an op without a pure-JAX lowering runs op by op in tpu eager instead (one warning naming the
 op; an error under `HF_TPU_COMPILE_STRICT=1`).
+
+Inputs the graph overwrites whole (a StaticCache's KV buffer, BatchNorm running stats, optimizer state)
+are donated to XLA so it updates them in place instead of copying (`HF_TPU_DONATE=0` turns this off).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import warnings
 
@@ -20,12 +24,14 @@ from torch._dynamo.backends.common import aot_autograd
 from hf_tpu.runtime import platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.lowering_table import graph_lowering
+from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.tensor import to_jax, wrap
 
 log = logging.getLogger("hf_tpu.compile")
 _warned: set = set()
 _lock = threading.Lock()
 _RECOMPILE_WARN_AT = 8
+_UNUSABLE_DONATION = "Some donated buffers were not usable"
 
 
 class GraphLoweringMissing(NotImplementedError):
@@ -63,10 +69,14 @@ def _spec_of(val):
 class GraphProgram:
     """One ATen FX graph interpreted with the lowering table; `run(*tensors)` executes it jitted."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, name: str, donation_plan: tuple = ()) -> None:
         self.gm = gm
         self.name = name
         self.missing = self._find_missing()
+        # (input index, index of the output that becomes its new value): see `donation_plan`
+        self.donation_plan = donation_plan
+        self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
+        self._donation_checked: set = set()
         self.n_random = sum(
             1
             for n in gm.graph.nodes
@@ -157,17 +167,84 @@ class GraphProgram:
                 arrays.append(to_jax(a) if a.device.type == "tpu" else _host(a))
             else:
                 arrays.append(a)
-        self._note_shapes(arrays)
+        sig = self._note_shapes(arrays)
         keys = [rng.next_key() for _ in range(self.n_random)]
+        plan = self.donation_plan
+        donated = self._donatable(args, arrays) if plan and _donate_enabled() else ()
         try:
-            outs = self._jitted(keys, *arrays)
+            if donated:
+                outs = self._call_donating(donated, sig, keys, arrays)
+            else:
+                outs = self._jitted(keys, *arrays)
         except Exception as exc:  # noqa: BLE001
             raise op_failure(f"compiled graph {self.name}", list(args), [0] * len(args), exc) from exc
+        # a donated input's old buffer is gone: point its storage at the new value now, and return the
+        # input itself (an alias) as that "updated value" output, so aot_autograd's write-back
+        # `input.copy_(new)` stores the same array again and no second storage holds it (one would
+        # have to be swept before the next call could donate the buffer again)
+        updated = {}
+        for i, k in plan:
+            if i in donated:
+                REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[k])
+                updated[k] = args[i].detach()
         out_specs = [_spec_of(v) for v in self._output_vals()]
         return [
-            wrap(o, s[1] if s else None) if hasattr(o, "dtype") and hasattr(o, "shape") else o
-            for o, s in zip(outs, out_specs)
+            updated[k]
+            if k in updated
+            else wrap(o, s[1] if s else None)
+            if hasattr(o, "dtype") and hasattr(o, "shape")
+            else o
+            for k, (o, s) in enumerate(zip(outs, out_specs))
         ]
+
+    def _donatable(self, args, arrays) -> tuple[int, ...]:
+        """The planned inputs whose buffer nothing else can read after this call, so XLA may reuse it.
+
+        An input qualifies when it is a whole tpu storage (its array is the payload itself, not a view
+        read from a larger buffer), no other argument is a view of that storage, and nothing but its
+        payload and this call's argument list references the array: not another storage (`copy_` and
+        same-dtype `.to` share arrays between storages), a pending DeferAndFuse recording, or user code.
+        """
+        chosen = []
+        for i, _ in self.donation_plan:
+            a = args[i]
+            if not isinstance(a, torch.Tensor) or a.device.type != "tpu":
+                continue
+            p = REGISTRY.payload(a.untyped_storage().data_ptr())
+            if p is not None and p.array is arrays[i] and _references(arrays, i) == _SOLE_REFERENCES:
+                chosen.append(i)
+        if not chosen:
+            return ()
+        ptrs = [args[i].untyped_storage().data_ptr() for i in chosen]
+        shared = set()
+        for j, a in enumerate(args):  # another view of a donated storage among the inputs
+            if j not in chosen and isinstance(a, torch.Tensor) and a.device.type == "tpu":
+                ptr = a.untyped_storage().data_ptr()
+                if ptr in ptrs:
+                    shared.add(ptr)
+        return tuple(i for i, ptr in zip(chosen, ptrs) if ptr not in shared)
+
+    def _call_donating(self, donated: tuple, sig: tuple, keys, arrays):
+        jax = platform.jax()
+        fn = self._donating.get(donated)
+        if fn is None:
+            fn = self._donating[donated] = jax.jit(
+                self.interpret, donate_argnums=tuple(i + 1 for i in donated)
+            )
+        if (donated, sig) in self._donation_checked:
+            return fn(keys, *arrays)
+        # first call for these shapes: lowering warns when XLA cannot reuse a donated buffer
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            outs = fn(keys, *arrays)
+        self._donation_checked.add((donated, sig))
+        for w in caught:
+            if _UNUSABLE_DONATION in str(w.message):
+                log.debug("graph %s: donation not usable, turned off: %s", self.name, w.message)
+                self.donation_plan = ()
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        return outs
 
     def _output_vals(self):
         for node in self.gm.graph.nodes:
@@ -175,10 +252,11 @@ class GraphProgram:
                 return [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in node.args[0]]
         return []
 
-    def _note_shapes(self, arrays) -> None:
+    def _note_shapes(self, arrays) -> tuple:
+        """Track input signatures (warn once on a recompile storm); returns this call's."""
         sig = tuple((tuple(a.shape), str(a.dtype)) for a in arrays if hasattr(a, "shape"))
         if sig in self._shapes_seen:
-            return
+            return sig
         self._shapes_seen.add(sig)
         if len(self._shapes_seen) == _RECOMPILE_WARN_AT:
             warnings.warn(
@@ -187,6 +265,62 @@ class GraphProgram:
                 "bucket sizes (hf_tpu.compile(model, buckets=...)) to avoid a recompile storm.",
                 stacklevel=3,
             )
+        return sig
+
+
+def _references(arrays: list, i: int) -> int:
+    return sys.getrefcount(arrays[i])
+
+
+class _Holder:
+    __slots__ = ("array",)
+
+
+def _sole_references() -> int:
+    """What `_references` reports for an array held only by a payload and the argument list."""
+    holder, value = _Holder(), object()
+    holder.array = value
+    arrays = [value]
+    del value
+    return _references(arrays, 0)
+
+
+_SOLE_REFERENCES = _sole_references()
+
+
+def _donate_enabled() -> bool:
+    return os.environ.get("HF_TPU_DONATE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def donation_plan(gm: torch.fx.GraphModule) -> tuple[tuple[int, int], ...]:
+    """(input index, output index) for each input aot_autograd will overwrite whole after the call.
+
+    With `keep_inference_input_mutations=False` the graph returns the new value of every input it
+    mutates as its first outputs (in `mutated_inp_runtime_indices` order) and aot_autograd's epilogue
+    does `input.copy_(new)`. Only data-only mutations qualify (no `as_strided_`/`set_` metadata change),
+    and only when the output has the input's shape and dtype (so XLA can write it into that buffer).
+    """
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    if meta is None:
+        return ()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    outputs = next((n.args[0] for n in gm.graph.nodes if n.op == "output"), ())
+    plan = []
+    for k, i in enumerate(meta.mutated_inp_runtime_indices):
+        info = meta.input_info[i]
+        if not info.mutates_data or info.mutates_metadata or info.mutates_storage_metadata:
+            continue
+        if i >= len(placeholders) or k >= len(outputs):
+            continue
+        out = outputs[k]
+        if not isinstance(out, torch.fx.Node) or out.op == "placeholder":
+            continue
+        spec = _spec(placeholders[i])
+        if spec is None or spec != _spec(out):
+            continue
+        plan.append((i, k))
+    return tuple(plan)
 
 
 def _devicefree(v):
@@ -209,7 +343,7 @@ def _make_compiler(kind: str):
         with _lock:
             _counter[0] += 1
             name = f"{kind}{_counter[0]}"
-        program = GraphProgram(gm, name)
+        program = GraphProgram(gm, name, donation_plan(gm) if kind == "forward" else ())
         if program.missing:
             missing = sorted(set(program.missing))
             if os.environ.get("HF_TPU_COMPILE_STRICT", "") == "1":

@@ -144,6 +144,7 @@ def synchronize(device=None) -> None:
 
     lazy.flush("synchronize")
     jax = _platform.jax()
+    _REGISTRY.sweep()  # dead storages' buffers need no waiting for
     arrays = [p.array for p in list(_REGISTRY._payloads.values()) if p.array is not None]
     if arrays:
         jax.block_until_ready(arrays)

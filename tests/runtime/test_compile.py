@@ -1,9 +1,12 @@
 """torch.compile(backend="tpu"): correct numerics, cache hits, graph breaks, training steps."""
 
+import warnings
+
 import pytest
 import torch
 
 from hf_tpu.runtime import compile as tpu_compile
+from hf_tpu.runtime import lazy
 from tests.hf_models import build, first_tensor
 
 
@@ -87,3 +90,107 @@ def test_bucketing_pads_to_few_shapes_and_matches():
         assert tpu_compile._counter[0] <= before + 1
         with pytest.raises(ValueError, match="exceeds the largest bucket 16"):
             bucketed(input_ids=torch.zeros(1, 20, dtype=torch.long, device="tpu"))
+
+
+# -- donated buffers: inputs the graph overwrites are updated in place by XLA ----------------------
+def _payload(t):
+    from hf_tpu.runtime.storage import REGISTRY
+
+    return REGISTRY.payload(t.untyped_storage().data_ptr())
+
+
+def _buffer_address(t) -> int:
+    """Where t's device buffer lives; the same address after a call means XLA updated it in place."""
+    return _payload(t).array.unsafe_buffer_pointer()
+
+
+def _kv_step(cache, buf, pos, new, x):
+    cache.index_copy_(2, pos, new)
+    buf.copy_(x)
+    return (cache * buf.sum()).sum(-1)
+
+
+def _run_kv_steps(steps=3):
+    """The StaticCache pattern, CPU eager vs compiled on tpu; yields per step whether the KV buffer
+    was updated in place."""
+    torch.manual_seed(0)
+    cache, buf = torch.zeros(1, 2, 6, 4), torch.zeros(3, 3)
+    dev_cache, dev_buf = cache.to("tpu"), buf.to("tpu")
+    dev_view, view = dev_cache[:, 1, :2], cache[:, 1, :2]  # views taken before any call
+    step = torch.compile(_kv_step, backend="tpu")
+    for i in range(steps):
+        pos, new, x = torch.tensor([i]), torch.randn(1, 2, 1, 4), torch.randn(3, 3)
+        before = _buffer_address(dev_cache)
+        out = step(dev_cache, dev_buf, pos.to("tpu"), new.to("tpu"), x.to("tpu"))
+        in_place = _buffer_address(dev_cache) == before
+        ref = _kv_step(cache, buf, pos, new, x)
+        torch.testing.assert_close(out.cpu(), ref)
+        torch.testing.assert_close(dev_cache.cpu(), cache)
+        torch.testing.assert_close(dev_buf.cpu(), buf)
+        torch.testing.assert_close(dev_view.cpu(), view)
+        yield in_place
+
+
+def test_mutated_inputs_are_donated_and_stay_correct():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        in_place = list(_run_kv_steps())
+    assert in_place == [True, True, True], "the KV buffer was copied, not updated in place"
+    assert not [w for w in caught if "donated" in str(w.message)]
+
+
+def test_hf_tpu_donate_0_turns_donation_off(monkeypatch):
+    monkeypatch.setenv("HF_TPU_DONATE", "0")
+    assert list(_run_kv_steps(2)) == [False, False]
+
+
+def test_buffers_someone_else_holds_are_not_donated():
+    cache = torch.randn(1, 2, 6, 4)
+    dev_cache = cache.to("tpu")
+    snapshot = torch.empty_like(dev_cache)
+    snapshot.copy_(dev_cache)  # whole-tensor copy_ shares one jax.Array between the two storages
+    held = _payload(dev_cache).array  # and a direct reference
+    step = torch.compile(_kv_step, backend="tpu")
+    args = (torch.tensor([0]), torch.ones(1, 2, 1, 4), torch.ones(3, 3))
+    step(dev_cache, torch.zeros(3, 3, device="tpu"), *(a.to("tpu") for a in args))
+    assert not held.is_deleted()
+    torch.testing.assert_close(torch.from_numpy(held.__array__().copy()), cache)
+    torch.testing.assert_close(snapshot.cpu(), cache)  # still the old values
+    cache.index_copy_(2, args[0], args[1])
+    torch.testing.assert_close(dev_cache.cpu(), cache)
+
+
+def test_compiled_batchnorm_training_updates_running_stats_in_place():
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8))
+    dev = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8))
+    dev.load_state_dict(ref.state_dict())
+    dev.to("tpu")
+    step = torch.compile(lambda m, a: m(a).square().mean(), backend="tpu")
+    in_place = []
+    for _ in range(3):
+        x = torch.randn(5, 6)
+        before = _buffer_address(dev[1].running_mean)
+        step(dev, x.to("tpu")).backward()
+        in_place.append(_buffer_address(dev[1].running_mean) == before)
+        ref(x).square().mean().backward()
+    for name, t in ref.state_dict().items():
+        torch.testing.assert_close(dev.state_dict()[name].cpu(), t, atol=1e-5, rtol=1e-5, msg=name)
+    for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
+        torch.testing.assert_close(p_dev.grad.cpu(), p_ref.grad, atol=1e-5, rtol=1e-5)
+    assert in_place == [True, True, True], "running stats were copied instead of updated in place"
+
+
+def test_buffer_read_by_a_pending_defer_and_fuse_op_is_not_donated():
+    cache = torch.randn(1, 2, 6, 4)
+    dev_cache = cache.to("tpu")
+    step = torch.compile(_kv_step, backend="tpu")
+    args = (torch.tensor([1]), torch.ones(1, 2, 1, 4), torch.ones(3, 3))
+    dev_args = [torch.zeros(3, 3, device="tpu"), *(a.to("tpu") for a in args)]
+    with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        doubled = dev_cache * 2  # recorded, not run: it reads the buffer the call below mutates
+        assert lazy.pending_ops() == 1
+        step(dev_cache, *dev_args)
+        torch.testing.assert_close(doubled.cpu(), cache * 2)
+    cache.index_copy_(2, args[0], args[1])
+    torch.testing.assert_close(dev_cache.cpu(), cache)

@@ -5,7 +5,9 @@ tpu op per tensor (AdamW on 100 parameters: ~1,000 dispatches per step). Here ea
 element-wise lowering over the whole list inside one `jax.jit`, cached per (overload, shapes, dtypes).
 Scalar lists (Adam's per-parameter bias corrections, which change every step) are traced, not baked
 into the executable. Functional, in-place and out= overloads are all kernels of this module ("host"
-kind, since they write lists of tensors); result dtypes come from PyTorch's meta kernels.
+kind, since they write lists of tensors); result dtypes come from PyTorch's meta kernels. Under
+DeferAndFuse the call is recorded like any other op (an optimizer step then fuses with forward and
+backward instead of flushing the trace at every `_foreach_*`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from hf_tpu.runtime import lazy
 from hf_tpu.runtime.dtypes import to_jax_dtype
 from hf_tpu.runtime.lowering_table import TABLE, lowers
 from hf_tpu.runtime.lowerings import comparisons as cmp
 from hf_tpu.runtime.lowerings import elementwise as ew
 from hf_tpu.runtime.lowerings import special  # noqa: F401 - registers lgamma, used below
 from hf_tpu.runtime.lowerings.elementwise import opmath
-from hf_tpu.runtime.tensor import to_jax, wrap, write
+from hf_tpu.runtime.tensor import to_jax_lazy, wrap, write
 
 _UNARY = (
     "abs acos asin atan ceil cos cosh erf erfc exp expm1 floor frac lgamma log log10 log1p log2 neg "
@@ -125,11 +128,11 @@ class ForeachKernel:
         for v, (kind, _) in zip(values, slots):
             if kind == "each":
                 items = v.tolist() if isinstance(v, torch.Tensor) else v
-                items = [to_jax(x) if isinstance(x, torch.Tensor) else x for x in items]
+                items = [to_jax_lazy(x) if isinstance(x, torch.Tensor) else x for x in items]
                 leaves.extend(items)
                 key.append(tuple((x.shape, x.dtype) if hasattr(x, "shape") else type(x) for x in items))
             elif kind == "one":
-                leaves.append(to_jax(v) if isinstance(v, torch.Tensor) else v)
+                leaves.append(to_jax_lazy(v) if isinstance(v, torch.Tensor) else v)
                 key.append((v.shape, v.dtype) if isinstance(v, torch.Tensor) else type(v))
             else:
                 key.append(tuple(v) if isinstance(v, list) else v)
@@ -140,7 +143,7 @@ class ForeachKernel:
             with self.lock:
                 self.cache[key] = entry
         fn, specs = entry
-        results = fn(*leaves)
+        results = lazy.maybe_call(fn, leaves)
         if self.inplace:
             for (_, dtype), dest in zip(specs, values[0]):
                 if not torch.can_cast(dtype, dest.dtype):
@@ -148,13 +151,13 @@ class ForeachKernel:
                         f"result type {dtype} can't be cast to the desired output type {dest.dtype}"
                     )
             for dest, value in zip(values[0], results):
-                write(dest, value.astype(to_jax_dtype(dest.dtype)))
+                write(dest, _as_dtype(value, dest.dtype))
             return None
         if self.out_index is not None:
             for dest, value, (shape, _) in zip(full[self.out_index], results, specs):
                 if tuple(dest.shape) != shape:
                     dest.resize_(shape)
-                write(dest, value.astype(to_jax_dtype(dest.dtype)))
+                write(dest, _as_dtype(value, dest.dtype))
             return None
         return [wrap(r, dtype) for r, (_, dtype) in zip(results, specs)]
 
@@ -230,6 +233,11 @@ class ForeachKernel:
         kw = {a.name: meta(v) for v, a in zip(values, schema_args) if a.kwarg_only}
         result = func(*pos, **kw)
         return [(tuple(r.shape), r.dtype) for r in result]
+
+
+def _as_dtype(value, dtype: torch.dtype):
+    jdt = to_jax_dtype(dtype)
+    return value if value.dtype == jdt else value.astype(jdt)
 
 
 def _functional_of(op):
