@@ -171,6 +171,24 @@ def factorization(name: str, variant: str) -> str | None:
     return _lookup(FACTORIZATIONS, name, variant)
 
 
+# Outputs whose dtype PyTorch defines per device: for bf16/f16 inputs CPU returns the saved statistics
+# of these normalizations in the input dtype, every other device in float32 (CUDA's kernels, the meta
+# kernels that fake tensors and torch.compile use, torch._refs/_decomp, which special-case
+# `device.type == "cpu"`). The tpu dispatcher casts every output to the meta kernel's dtype, so tpu
+# follows the device rule. These outputs are to be compared by value after casting to CPU's dtype
+# (not wired into tests/opinfo_report.py yet). Value: output positions.
+DEVICE_DTYPE_OUTPUTS: dict[str, tuple[int, ...]] = {
+    "native_layer_norm": (1, 2),  # mean, rstd
+    "native_batch_norm": (1, 2),  # save_mean, save_invstd
+    "_native_batch_norm_legit": (1, 2),
+    "_batch_norm_with_update": (1, 2),
+}
+
+
+def device_dtype_outputs(name: str, variant: str) -> tuple[int, ...]:
+    return _lookup(DEVICE_DTYPE_OUTPUTS, name, variant) or ()
+
+
 # Tensor arguments PyTorch requires on CPU even when the op runs on a device (positions in sample.args).
 CPU_ARGS: dict[str, tuple[int, ...]] = {
     "tensor_split": (0,),  # tensor_indices_or_sections must be a CPU tensor

@@ -610,3 +610,81 @@ def test_autograd_matches_cpu(name, fn, shapes):
     for a, e in zip(actual, expected):
         assert a.device.type == "tpu"
         torch.testing.assert_close(a.cpu(), e)
+
+
+# -- embedding_bag --------------------------------------------------------------------------------------
+BAG_INDICES = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 0, 7])
+BAG_OFFSETS = torch.tensor([0, 2, 2, 5, 8])  # bag 1 is empty
+
+
+def _bag_run(device, weight, indices, offsets=None, psw=None, **kwargs):
+    """Output of F.embedding_bag and the gradients of weight (and per_sample_weights) on `device`."""
+    w = weight.detach().clone().to(device).requires_grad_()
+    p = None if psw is None else psw.detach().clone().to(device).requires_grad_()
+    off = None if offsets is None else offsets.to(device)
+    out = F.embedding_bag(indices.to(device), w, off, per_sample_weights=p, **kwargs)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    (out * cotangent.to(device)).sum().backward()
+    return [out.detach().cpu(), w.grad.cpu()] + ([] if p is None else [p.grad.cpu()])
+
+
+BAG_CASES = {
+    "sum": dict(mode="sum"),
+    "mean": dict(mode="mean"),
+    "max": dict(mode="max"),
+    "sum_padding": dict(mode="sum", padding_idx=4),
+    "mean_padding": dict(mode="mean", padding_idx=0),
+    "max_padding": dict(mode="max", padding_idx=4),
+    "mean_last_offset": dict(mode="mean", include_last_offset=True),
+    "max_last_offset": dict(mode="max", include_last_offset=True, padding_idx=0),
+    "per_sample_weights": dict(mode="sum", psw=True, padding_idx=2),
+    "per_sample_weights_last_offset": dict(mode="sum", psw=True, include_last_offset=True),
+}
+
+
+@pytest.mark.parametrize(
+    "name, layout",
+    [(n, "offsets") for n in BAG_CASES] + [(n, "2d") for n in BAG_CASES if "last_offset" not in n],
+)
+def test_embedding_bag_matches_cpu(name, layout):
+    kwargs = dict(BAG_CASES[name])
+    weight = randn(10, 4)
+    if layout == "2d":  # fixed-size bags: a (bags, n) input and no offsets
+        indices, offsets = BAG_INDICES[:10].reshape(2, 5), None
+    else:
+        indices, offsets = BAG_INDICES, BAG_OFFSETS
+        if kwargs.get("include_last_offset"):
+            offsets = torch.cat([offsets, torch.tensor([indices.numel()])])
+    psw = torch.linspace(0.5, 2, indices.numel()).reshape(indices.shape) if kwargs.pop("psw", False) else None
+    expected = _bag_run("cpu", weight, indices, offsets, psw, **kwargs)
+    got = _bag_run("tpu", weight, indices, offsets, psw, **kwargs)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_embedding_bag_forward_only_and_bfloat16():
+    weight = randn(10, 4, dtype=torch.bfloat16)
+    for mode in ("sum", "mean", "max"):  # no grad needed: _embedding_bag_forward_only
+        check(lambda w, i, o, m=mode: F.embedding_bag(i, w, o, mode=m), weight, BAG_INDICES, BAG_OFFSETS)
+    out = aten._embedding_bag_forward_only(tpu(weight.float()), tpu(BAG_INDICES), tpu(BAG_OFFSETS), mode=2)
+    offset2bag, bag_size, max_indices = cpu(out[1:])
+    assert offset2bag.tolist() == [0, 0, 2, 2, 2, 3, 3, 3, 4, 4, 4]
+    assert bag_size.tolist() == [2, 0, 3, 3, 3]
+    assert max_indices[1].tolist() == [-1] * 4  # the empty bag points nowhere
+
+
+def test_embedding_bag_scale_grad_by_freq():
+    """Each row's gradient is divided by how often it was looked up, as F.embedding does. (CPU's
+    _embedding_bag backward divides by the count of another index, a PyTorch bug: compare with the
+    embedding-then-bag reference instead.)"""
+    weight = randn(10, 4)
+    bag = torch.searchsorted(BAG_OFFSETS, torch.arange(BAG_INDICES.numel()), right=True) - 1
+    cotangent = randn(5, 4)
+    ref = weight.clone().requires_grad_()
+    rows = F.embedding(BAG_INDICES, ref, scale_grad_by_freq=True)
+    (torch.zeros(5, 4).index_add(0, bag, rows) * cotangent).sum().backward()
+    w = tpu(weight).requires_grad_()
+    out = F.embedding_bag(tpu(BAG_INDICES), w, tpu(BAG_OFFSETS), mode="sum", scale_grad_by_freq=True)
+    (out * tpu(cotangent)).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), ref.grad)

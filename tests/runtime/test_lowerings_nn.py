@@ -97,6 +97,19 @@ def test_addmm_beta_zero_ignores_self_nan():
     assert not torch.isnan(out.cpu()).any()
 
 
+@pytest.mark.parametrize("beta, alpha", [(0.6, 0.2), (2, 3), (1.5, 2.5)])
+def test_integer_products_truncate_beta_and_alpha(beta, alpha):
+    """CPU casts Scalar beta/alpha to the integer dtype first: 0.6 -> 0 (and `self` is dropped)."""
+    ints = lambda *shape, seed=0: torch.randint(-9, 9, shape, generator=_gen(seed))  # noqa: E731
+    kw = {"beta": beta, "alpha": alpha}
+    check(torch.addmv, ints(5), ints(5, 10, seed=1), ints(10, seed=2), **kw)
+    check(torch.addmm, ints(1), ints(5, 10, seed=1), ints(10, 3, seed=2), **kw)
+    check(torch.baddbmm, ints(5, 3, 4), ints(5, 3, 2, seed=1), ints(5, 2, 4, seed=2), **kw)
+    check(torch.addbmm, ints(3, 4), ints(5, 3, 2, seed=1), ints(5, 2, 4, seed=2), **kw)
+    if isinstance(beta, int) and isinstance(alpha, int):  # addr rejects float scalars for integers
+        check(torch.addr, ints(3, 4), ints(3, seed=1), ints(4, seed=2), **kw)
+
+
 def test_matmul_bfloat16():
     a, b = randn(8, 32, dtype=torch.bfloat16), randn(32, 16, seed=1, dtype=torch.bfloat16)
     check(torch.mm, a, b, **BF16_TOL)
@@ -153,6 +166,121 @@ def test_linalg_autograd():
     a = randn(4, 4) + 4 * torch.eye(4)
     check_grad(torch.linalg.det, [a], atol=1e-3)
     check_grad(torch.linalg.inv, [a])
+
+
+def test_native_dropout_backward_promotes_like_cpu():
+    """grad * mask * scale: a bool/int grad promotes with the float scale (True * 2.0 = 2.0)."""
+    mask = torch.rand(4, 5, generator=_gen()) > 0.5
+    op = torch.ops.aten.native_dropout_backward
+    check(op, mask.logical_not(), mask, 2.0)
+    check(op, randn(4, 5), mask, 1.25)
+    check(op, randn(4, 5, dtype=torch.bfloat16), mask, 3.0, **BF16_TOL)
+
+
+# -- pairwise distances -------------------------------------------------------------------------------
+P_NORMS = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf")]
+CDIST_MODES = [
+    "use_mm_for_euclid_dist_if_necessary",
+    "use_mm_for_euclid_dist",
+    "donot_use_mm_for_euclid_dist",
+]
+
+
+def _with_ties(a, b):
+    """Some exactly equal rows and coordinates: zero distances and zero differences (subgradients)."""
+    rows = a.reshape(-1, a.shape[-1])
+    b = b.clone()
+    b[..., 0, :] = rows[0]
+    b[..., 1, :2] = rows[1, :2]
+    return a, b
+
+
+def _p_params():
+    quick = (0.0, 1.5, 2.0, float("inf"))
+    return [pytest.param(p, marks=() if p in quick else pytest.mark.slow) for p in P_NORMS]
+
+
+@pytest.mark.parametrize("p", _p_params())
+def test_cdist_values_and_grads(p):
+    # batch dims broadcast (2,) x (1,), with zero distances and zero coordinate differences
+    a, b = _with_ties(randn(2, 5, 4), randn(1, 6, 4, seed=1))
+    check_grad(lambda u, v: torch.cdist(u, v, p), [a, b])
+
+
+def test_cdist_euclidean_compute_modes():
+    """p=2 past 25 rows (or when asked) goes through the matmul form, like CPU: same values, grads."""
+    check_grad(lambda u, v: torch.cdist(u, v), [randn(30, 3), randn(27, 3, seed=1)])
+    mm, direct = CDIST_MODES[1:]
+    check_grad(lambda u, v: torch.cdist(u, v, compute_mode=mm), [randn(2, 4, 3), randn(2, 5, 3, seed=1)])
+    check_grad(lambda u, v: torch.cdist(u, v, compute_mode=direct), [randn(30, 3), randn(27, 3, seed=1)])
+
+
+def test_cdist_empty_and_featureless():
+    check(torch.cdist, randn(0, 3), randn(4, 3))
+    check(torch.cdist, randn(2, 0), randn(4, 0), p=1.0)
+    check(torch.cdist, randn(3, 2, 5), randn(3, 0, 5), p=3.0)
+
+
+@pytest.mark.parametrize("p", _p_params())
+def test_pdist_values_and_grads(p):
+    x = randn(6, 3)
+    x[3] = x[1]  # a zero distance
+    check_grad(lambda v: torch.pdist(v, p), [x])
+
+
+# -- grid sampling ----------------------------------------------------------------------------------
+def _grid(*shape, seed=1):
+    """Points inside and outside [-1, 1], with some exactly on the border (clip/reflect edges)."""
+    g = torch.rand(shape, generator=_gen(seed)) * 2.6 - 1.3
+    g.view(-1)[[0, 1, 5, 7]] = torch.tensor([1.0, -1.0, 0.0, -1.0])
+    return g
+
+
+GRID_CASES = [
+    (mode, padding, align)
+    for mode in ("bilinear", "nearest", "bicubic")
+    for padding in ("zeros", "border", "reflection")
+    for align in (False, True)
+]
+# the default run: every mode, padding and align_corners value at least once in 2-d and 3-d, with the
+# edge-sensitive pairs (border/reflection with align_corners: grid = +-1 lands on the clip limits)
+GRID_QUICK = {
+    2: [("bilinear", "border", True), ("nearest", "zeros", False), ("bicubic", "reflection", True)],
+    3: [("bilinear", "reflection", True), ("nearest", "border", False)],
+}
+
+
+def _grid_params(cases, nd):
+    return [pytest.param(*c, marks=() if c in GRID_QUICK[nd] else pytest.mark.slow) for c in cases]
+
+
+@pytest.mark.parametrize("mode, padding, align", _grid_params(GRID_CASES, 2))
+def test_grid_sample_2d(mode, padding, align):
+    kw = {"mode": mode, "padding_mode": padding, "align_corners": align}
+    check_grad(lambda x, g: F.grid_sample(x, g, **kw), [randn(2, 3, 5, 6), _grid(2, 4, 3, 2)])
+
+
+@pytest.mark.parametrize(
+    "mode, padding, align", _grid_params([c for c in GRID_CASES if c[0] != "bicubic"], 3)
+)
+def test_grid_sample_3d(mode, padding, align):
+    kw = {"mode": mode, "padding_mode": padding, "align_corners": align}
+    check_grad(lambda x, g: F.grid_sample(x, g, **kw), [randn(2, 3, 5, 6, 4), _grid(2, 4, 3, 2, 3)])
+
+
+def test_grid_sample_bfloat16_and_input_grad_only():
+    x, g = randn(1, 2, 6, 5, dtype=torch.bfloat16), _grid(1, 3, 4, 2).bfloat16()
+    # CPU's bf16 kernel rounds every coordinate step to bf16, we keep them in f32: compare to f32 math
+    got = F.grid_sample(x.to("tpu"), g.to("tpu"), align_corners=False).cpu()
+    expected = F.grid_sample(x.float(), g.float(), align_corners=False)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, **BF16_TOL)
+    # the grid needs no gradient: grid_sampler_2d_backward is asked for the input's only
+    xc, xt = randn(1, 2, 6, 5).requires_grad_(), randn(1, 2, 6, 5).to("tpu").requires_grad_()
+    grid = _grid(1, 3, 4, 2)
+    F.grid_sample(xc, grid, align_corners=True).sum().backward()
+    F.grid_sample(xt, grid.to("tpu"), align_corners=True).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, atol=1e-5, rtol=1e-5)
 
 
 # -- convolution ------------------------------------------------------------------------------------

@@ -113,6 +113,12 @@ def _copy_into(out: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
     return out.copy_(result)
 
 
+def _opaque(n: int, dtype):
+    """The constant `n` hidden from XLA's simplifier, which rewrites `x / c` as `x * (1 / c)`: that is
+    not IEEE division (linspace(50, 1, 50) in int64 would give 24 where CPU gives 25)."""
+    return jax.lax.optimization_barrier(jnp.asarray(n, dtype=dtype))
+
+
 def _from_both_ends(start, end, steps: int, dtype):
     """start + step*i for the first half, end - step*(steps-1-i) for the rest, in PyTorch's step type.
 
@@ -123,7 +129,7 @@ def _from_both_ends(start, end, steps: int, dtype):
     # Scalar.to<scalar_t>() first: integers truncate, floats round
     s = jnp.asarray(start).astype(dtype).astype(step_t)
     e = jnp.asarray(end).astype(dtype).astype(step_t)
-    step = (e - s) / jnp.asarray(steps - 1, dtype=step_t)
+    step = (e - s) / _opaque(steps - 1, step_t)
     idx = jnp.arange(steps, dtype=jnp.int64)
     head = s + step * idx.astype(step_t)
     tail = e - step * (steps - 1 - idx).astype(step_t)
@@ -152,14 +158,23 @@ def linspace(start, end, steps, dtype=None, layout=None, device=None, pin_memory
     "aten::logspace.Scalar_Tensor",
 )
 def logspace(start, end, steps, base=10.0, dtype=None, layout=None, device=None, pin_memory=None):
-    """base ** linspace(start, end, steps), the power taken in double like CPU PyTorch."""
+    """base ** (start + step * i), as CPU PyTorch's kernel: the ends are cast to the output dtype and
+    subtracted in it (bf16 rounds, integers truncate), the step and the power are taken in double."""
     out = _out_dtype(dtype)
-    wide = _wide_float()
+    wide = out if jnp.issubdtype(out, jnp.complexfloating) else _wide_float()
     if steps <= 1:
-        value = jnp.power(wide(base), jnp.asarray(start).astype(wide))
+        value = jnp.power(jnp.asarray(base, wide), jnp.asarray(start).astype(wide))
         return jnp.full((steps,), value).astype(out)
-    exponent = _from_both_ends(start, end, steps, out).astype(wide)
-    return jnp.power(wide(base), exponent).astype(out)
+    s = jnp.asarray(start).astype(out)
+    e = jnp.asarray(end).astype(out)
+    if _is_integral(out):  # C++ promotes small integer types to int before subtracting
+        s, e = s.astype(jnp.int64), e.astype(jnp.int64)
+    step = (e - s).astype(wide) / _opaque(steps - 1, wide)
+    idx = jnp.arange(steps, dtype=jnp.int64)
+    head = s.astype(wide) + step * idx.astype(wide)
+    tail = e.astype(wide) - step * (steps - 1 - idx).astype(wide)
+    exponent = jnp.where(idx < steps // 2, head, tail)
+    return jnp.power(jnp.asarray(base, wide), exponent).astype(out)
 
 
 @lowers("aten::linspace.out", kind="host")

@@ -1,4 +1,4 @@
-"""Indexing: advanced indexing and index_put, gather/scatter, index_* ops, masked ops, embedding, take.
+"""Indexing: advanced indexing and index_put, gather/scatter, index_* ops, masked ops, embedding(_bag), take.
 
 PyTorch index semantics map onto NumPy-style JAX indexing: a `None` entry in an ATen index list means
 "whole dimension" (not a new axis), negative indices wrap, and separated advanced indices move to the
@@ -459,6 +459,167 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
         norms = jnp.sum(jnp.abs(w) ** norm_type, axis=1) ** (1.0 / norm_type)
     scale = jnp.where(touched & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
     return (w * scale[:, None].astype(acc)).astype(weight.dtype)
+
+
+# -- embedding_bag (nn.EmbeddingBag): per-bag sum / mean / max of looked-up rows ----------------------
+# Bag b holds indices[offsets[b]:offsets[b + 1]] (the last bag runs to the end; include_last_offset
+# drops the extra final offset). Entries equal to padding_idx are skipped and not counted; empty bags
+# give zeros. The auxiliary outputs follow PyTorch's device (meta/CUDA) layout: offset2bag (bag of each
+# index), bag_size (non-padding entries per bag, padded to len(offsets)), max_indices (bags, D) in max
+# mode (-1 for an empty bag, else the weight row of the first maximum), else empty.
+_BAG_SUM, _BAG_MEAN, _BAG_MAX = 0, 1, 2
+
+
+def _offset2bag(offsets, n: int, num_bags: int):
+    """The bag of each of n indices: the last bag whose offset is <= its position (-1 before bag 0)."""
+    if num_bags == 0:
+        return jnp.full((n,), -1, offsets.dtype)
+    position = jnp.arange(n, dtype=offsets.dtype)
+    return jnp.searchsorted(offsets[:num_bags], position, side="right").astype(offsets.dtype) - 1
+
+
+def _bag_targets(bag, indices, padding_idx: int, num_bags: int):
+    """(valid, segment): entries that count, and their bag (num_bags, i.e. dropped, for the others)."""
+    valid = (bag >= 0) & (bag < num_bags) & (indices != padding_idx)
+    return valid, jnp.where(valid, bag, num_bags)
+
+
+def _bag_max(rows, indices, bag, valid, segment, num_bags: int):
+    """Per-bag, per-feature max of `rows` and the weight row of its first occurrence (-1: empty bag)."""
+    n, dim = rows.shape
+    best = jnp.full((num_bags, dim), -jnp.inf, rows.dtype).at[segment].max(rows, mode="drop")
+    if n == 0:
+        return jnp.zeros_like(best), jnp.full((num_bags, dim), -1, indices.dtype)
+    at_max = valid[:, None] & (rows == best[jnp.clip(bag, 0, max(num_bags - 1, 0))])
+    position = jnp.where(at_max, jnp.arange(n)[:, None], n)
+    first = jnp.full((num_bags, dim), n).at[segment].min(position, mode="drop")
+    found = first < n
+    max_indices = jnp.where(found, indices[jnp.minimum(first, n - 1)], -1)
+    return jnp.where(found, best, 0), max_indices
+
+
+@lowers("aten::_embedding_bag", "aten::_embedding_bag_forward_only")
+def _embedding_bag(
+    weight,
+    indices,
+    offsets,
+    scale_grad_by_freq=False,
+    mode=_BAG_SUM,
+    sparse=False,
+    per_sample_weights=None,
+    include_last_offset=False,
+    padding_idx=-1,
+):
+    """(output, offset2bag, bag_size, max_indices) of nn.EmbeddingBag over 1-D indices and offsets."""
+    n, dim = indices.shape[0], weight.shape[1]
+    num_bags = offsets.shape[0] - 1 if include_last_offset else offsets.shape[0]
+    acc = jnp.float32 if weight.dtype in _LOW_PRECISION else weight.dtype
+    bag = _offset2bag(offsets, n, num_bags)
+    valid, segment = _bag_targets(bag, indices, padding_idx, num_bags)
+    rows = jnp.take(weight, indices, axis=0, mode="clip").astype(acc)
+    count = jnp.zeros((num_bags,), jnp.int32).at[segment].add(1, mode="drop")
+    if mode == _BAG_MAX:
+        output, max_indices = _bag_max(rows, indices, bag, valid, segment, num_bags)
+    else:
+        if per_sample_weights is not None:
+            rows = rows * per_sample_weights.astype(acc)[:, None]
+        output = jnp.zeros((num_bags, dim), acc).at[segment].add(rows, mode="drop")
+        if mode == _BAG_MEAN:
+            output = output / jnp.maximum(count, 1).astype(acc)[:, None]
+        max_indices = jnp.zeros((0,), indices.dtype)
+    bag_size = jnp.zeros((offsets.shape[0],), jnp.int32).at[:num_bags].set(count)
+    return output.astype(weight.dtype), bag, bag_size, max_indices
+
+
+@lowers("aten::_embedding_bag_dense_backward")
+def _embedding_bag_dense_backward(
+    grad,
+    indices,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    """d weight: each counted entry's bag gradient (times its sample weight, over the bag size in mean
+    mode, over its index's frequency with scale_grad_by_freq) added to its row; max mode routes each
+    bag's gradient to the rows that held the maxima."""
+    num_bags, dim = grad.shape
+    acc = jnp.float32 if grad.dtype in _LOW_PRECISION else grad.dtype
+    g = grad.astype(acc)
+    if mode == _BAG_MAX:
+        taken = (bag_size[:num_bags] > 0)[:, None] & (maximum_indices >= 0)
+        rows = jnp.where(taken, maximum_indices, num_weights)
+        columns = jnp.broadcast_to(jnp.arange(dim), rows.shape)
+        return jnp.zeros((num_weights, dim), acc).at[rows, columns].add(g, mode="drop").astype(grad.dtype)
+    valid, _ = _bag_targets(offset2bag, indices, padding_idx, num_bags)
+    bag = jnp.clip(offset2bag, 0, max(num_bags - 1, 0))
+    scale = jnp.ones(indices.shape, acc)
+    if per_sample_weights is not None:
+        scale = scale * per_sample_weights.astype(acc)
+    if scale_grad_by_freq:
+        counts = jnp.zeros((num_weights,), acc).at[indices].add(1)
+        scale = scale / counts[indices]
+    if mode == _BAG_MEAN:
+        size = bag_size[bag].astype(acc)
+        scale = jnp.where(size != 0, scale / size, scale)
+    contrib = g[bag] * scale[:, None] if num_bags else jnp.zeros((indices.shape[0], dim), acc)
+    target = jnp.where(valid, indices, num_weights)
+    return jnp.zeros((num_weights, dim), acc).at[target].add(contrib, mode="drop").astype(grad.dtype)
+
+
+@lowers("aten::_embedding_bag_backward")
+def _embedding_bag_backward(
+    grad,
+    indices,
+    offsets,
+    offset2bag,
+    bag_size,
+    maximum_indices,
+    num_weights,
+    scale_grad_by_freq,
+    mode,
+    sparse,
+    per_sample_weights,
+    padding_idx=-1,
+):
+    """Dense weight gradient of _embedding_bag (sparse=True gradients are not supported on tpu)."""
+    if sparse:
+        raise NotImplementedError("embedding_bag(sparse=True): sparse gradients are not supported on tpu")
+    if offset2bag.shape[0] != indices.shape[0]:  # CPU's fast sum path leaves it empty: rebuild it
+        offset2bag = _offset2bag(offsets, indices.shape[0], grad.shape[0])
+    return _embedding_bag_dense_backward(
+        grad,
+        indices,
+        offset2bag,
+        bag_size,
+        maximum_indices,
+        num_weights,
+        scale_grad_by_freq,
+        mode,
+        per_sample_weights,
+        padding_idx,
+    )
+
+
+@lowers("aten::_embedding_bag_per_sample_weights_backward")
+def _embedding_bag_per_sample_weights_backward(
+    grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1
+):
+    """d per_sample_weights (sum mode): the bag gradient dotted with the entry's weight row."""
+    acc = jnp.float32 if grad.dtype in _LOW_PRECISION else grad.dtype
+    num_bags = grad.shape[0]
+    if offset2bag.shape[0] != indices.shape[0]:
+        offset2bag = _offset2bag(offsets, indices.shape[0], num_bags)
+    valid, _ = _bag_targets(offset2bag, indices, padding_idx, num_bags)
+    if num_bags == 0:
+        return jnp.zeros(indices.shape, grad.dtype)
+    g = grad.astype(acc)[jnp.clip(offset2bag, 0, num_bags - 1)]
+    rows = jnp.take(weight, indices, axis=0, mode="clip").astype(acc)
+    return jnp.where(valid, jnp.sum(g * rows, axis=1), 0).astype(grad.dtype)
 
 
 @lowers("aten::take")

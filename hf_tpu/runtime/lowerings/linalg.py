@@ -1,4 +1,5 @@
-"""Matrix products (mm, bmm, addmm, baddbmm, dot, mv, grouped MoE matmuls) and small dense linear algebra.
+"""Matrix products (mm, bmm, addmm, baddbmm, dot, mv, grouped MoE matmuls), pairwise distances (cdist,
+pdist) and small dense linear algebra.
 
 Products of bf16/fp16 accumulate in float32 (as PyTorch's CPU and CUDA kernels do) and round once.
 Float32 products follow `torch.set_float32_matmul_precision`: "highest" (PyTorch's default) keeps full
@@ -7,9 +8,12 @@ float32 on TPU, "high"/"medium" let the MXU use bf16 passes. The setting is read
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+import numpy as np
 import torch
 
 from hf_tpu.runtime import platform
@@ -49,7 +53,13 @@ def matmul(x, y):
 
 
 def _scaled_sum(self, product, beta, alpha):
-    """beta * self + alpha * product; beta == 0 ignores `self` entirely (NaN/inf included), as PyTorch."""
+    """beta * self + alpha * product; beta == 0 ignores `self` entirely (NaN/inf included), as PyTorch.
+
+    Integer and bool products take `Scalar.to<scalar_t>()` of beta and alpha first, as CPU does:
+    beta=0.6 truncates to 0 on int64 (and so drops `self`), any nonzero value is True on bool."""
+    if not jnp.issubdtype(product.dtype, jnp.inexact):
+        beta = jnp.asarray(beta).astype(product.dtype)
+        alpha = jnp.asarray(alpha).astype(product.dtype)
     scaled = jnp.where(beta == 0, jnp.zeros((), product.dtype), beta * self.astype(product.dtype))
     return scaled + alpha * product
 
@@ -303,3 +313,122 @@ def _linalg_svd(a, full_matrices=False, compute_uv=True, driver=None):
         return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
     u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
     return u, s, vh
+
+
+# -- pairwise distances (cdist, pdist) ----------------------------------------------------------------
+# PyTorch's CPU kernels (DistanceOpsKernel) reduce |a - b| per norm: p=0 counts nonzero differences,
+# p=1 sums, p=2 takes sqrt of the sum of squares, p=inf the max, other p pow(sum |d|^p, 1/p). p=2 on
+# many rows takes the matmul form |a|^2 - 2 a.b + |b|^2 instead (compute_mode), like `_euclidean_dist`.
+def _norm_compute_dtype(x):
+    return jnp.float32 if x.dtype in _LOW_PRECISION else x.dtype
+
+
+def _pnorm_of_diffs(diff, p: float):
+    """The p-norm over the last axis of |differences| `diff` (>= 0), CPU's formula for each p."""
+    if p == 0:
+        return jnp.sum(jnp.minimum(jnp.ceil(diff), 1), axis=-1)  # NaN propagates, as CPU
+    if p == 1:
+        return jnp.sum(diff, axis=-1)
+    if p == 2:
+        return jnp.sqrt(jnp.sum(diff * diff, axis=-1))
+    if math.isinf(p):
+        # std::max(agg, NaN) keeps agg: NaN differences never win
+        return jnp.max(jnp.where(jnp.isnan(diff), 0, diff), axis=-1, initial=0)
+    return jnp.power(jnp.sum(jnp.power(diff, p), axis=-1), 1.0 / p)
+
+
+def _batch_broadcast(x1, x2):
+    """x1 (*b1, P, M) and x2 (*b2, R, M) with their batch dims broadcast together."""
+    batch = jnp.broadcast_shapes(x1.shape[:-2], x2.shape[:-2])
+    return jnp.broadcast_to(x1, batch + x1.shape[-2:]), jnp.broadcast_to(x2, batch + x2.shape[-2:])
+
+
+def _uses_mm(p: float, compute_mode, r1: int, r2: int) -> bool:
+    """CPU's rule: p=2 goes through a matmul when asked (1) or, by default (0/None), past 25 rows."""
+    mode = 0 if compute_mode is None else compute_mode
+    return p == 2 and (mode == 1 or (mode == 0 and (r1 > 25 or r2 > 25)))
+
+
+def _euclidean_mm(x1, x2):
+    """sqrt(max(|a|^2 - 2 a.b + |b|^2, 0)) as one matmul of augmented rows, as `_euclidean_dist`."""
+    n1 = jnp.sum(x1 * x1, axis=-1, keepdims=True)
+    n2 = jnp.sum(x2 * x2, axis=-1, keepdims=True)
+    a = jnp.concatenate([-2 * x1, n1, jnp.ones_like(n1)], axis=-1)
+    b = jnp.concatenate([x2, jnp.ones_like(n2), n2], axis=-1)
+    sq = jnp.matmul(a, jnp.swapaxes(b, -1, -2), precision=precision())
+    return jnp.sqrt(jnp.maximum(sq, 0))
+
+
+@lowers("aten::_cdist_forward")
+def _cdist_forward(x1, x2, p: float, compute_mode=None):
+    """Distances between the rows of x1 (*, P, M) and x2 (*, R, M): (*, P, R)."""
+    ct = _norm_compute_dtype(x1)
+    a, b = _batch_broadcast(x1.astype(ct), x2.astype(ct))
+    if _uses_mm(p, compute_mode, a.shape[-2], b.shape[-2]):
+        return _euclidean_mm(a, b)
+    diff = jnp.abs(a[..., :, None, :] - b[..., None, :, :])
+    return _pnorm_of_diffs(diff, p)
+
+
+def _sign(v):
+    """CPU's vectorized sign: 0 for 0, +-1 otherwise, NaN for NaN."""
+    return jnp.clip(jnp.ceil(v), 0, 1) + jnp.clip(jnp.floor(v), -1, 0)
+
+
+def _pnorm_grad(diff, grad, dist, p: float):
+    """d dist / d a times grad for one pair, per coordinate; `diff` = a - b (signed), CPU's formulas:
+    0 where the distance is 0 (a subgradient), |d|^(p-1) terms for p < 2 zeroed at d == 0 when p < 1."""
+    grad, dist = grad[..., None], dist[..., None]
+    zero = jnp.zeros((), diff.dtype)
+    if p == 1:
+        return grad * _sign(diff)
+    if math.isinf(p):
+        return grad * _sign(diff) * (1 - jnp.minimum(1, jnp.ceil(jnp.abs(jnp.abs(diff) - dist))))
+    if p == 2:
+        return jnp.where(dist == 0, zero, grad * diff / dist)
+    if p < 2:
+        term = _sign(diff) * jnp.power(jnp.abs(diff), p - 1) * grad / jnp.power(dist, p - 1)
+        term = jnp.where(dist == 0, zero, term)
+        return jnp.where((diff == 0) & (p < 1), zero, term)
+    term = diff * jnp.power(jnp.abs(diff), p - 2) * grad / jnp.power(dist, p - 1)
+    return jnp.where(dist == 0, zero, term)
+
+
+@lowers("aten::_cdist_backward")
+def _cdist_backward(grad, x1, x2, p: float, cdist):
+    """Gradient for x1 (at the broadcast batch shape; autograd reduces it): sum over x2's rows."""
+    ct = _norm_compute_dtype(x1)
+    a, b = _batch_broadcast(x1.astype(ct), x2.astype(ct))
+    if p == 0 or 0 in a.shape or 0 in b.shape:
+        return jnp.zeros(a.shape, x1.dtype)
+    diff = a[..., :, None, :] - b[..., None, :, :]
+    terms = _pnorm_grad(diff, grad.astype(ct), cdist.astype(ct), p)
+    return jnp.sum(terms, axis=-2).astype(x1.dtype)
+
+
+def _upper_pairs(n: int):
+    """Row indices (i, j), i < j, in PyTorch's pdist order (row-major upper triangle)."""
+    i, j = np.triu_indices(n, k=1)
+    return jnp.asarray(i, jnp.int32), jnp.asarray(j, jnp.int32)
+
+
+@lowers("aten::_pdist_forward")
+def _pdist_forward(x, p: float = 2.0):
+    """Distances between every pair of rows i < j of x (N, M): N (N - 1) / 2 values."""
+    ct = _norm_compute_dtype(x)
+    i, j = _upper_pairs(x.shape[0])
+    xc = x.astype(ct)
+    return _pnorm_of_diffs(jnp.abs(xc[i] - xc[j]), p)
+
+
+@lowers("aten::_pdist_backward")
+def _pdist_backward(grad, x, p: float, pdist):
+    """Each pair's gradient goes to row i and, negated, to row j."""
+    ct = _norm_compute_dtype(x)
+    if p == 0 or pdist.shape[0] == 0:
+        return jnp.zeros(x.shape, x.dtype)
+    i, j = _upper_pairs(x.shape[0])
+    xc = x.astype(ct)
+    terms = _pnorm_grad(xc[i] - xc[j], grad.astype(ct), pdist.astype(ct), p)
+    out = jnp.zeros(x.shape, ct).at[i].add(terms).at[j].add(-terms)
+    return out.astype(x.dtype)

@@ -1,4 +1,4 @@
-"""Neural-network layers: normalization, pooling, resampling, pixel shuffle and losses.
+"""Neural-network layers: normalization, pooling, resampling, grid sampling, pixel shuffle and losses.
 
 Conventions shared by this family:
 - Statistics and reductions of bf16/fp16 inputs run in float32 and the result is cast back, as
@@ -728,6 +728,126 @@ for _name, _fn in (
     ("aten::_upsample_bicubic2d_aa", lambda i, o, ac, s, dt: _aa_matrix(i, o, ac, s, dt, True)),
 ):
     _register_interp(_name, _fn)
+
+
+# -- grid sampling (F.grid_sample, spatial transformers) --------------------------------------------
+# PyTorch's GridSampler: grid values in [-1, 1] map to input pixels (align_corners: to their centers of
+# the corner pixels, else to the image edges); out-of-range points read zeros, the border or a
+# reflection. Modes: 0 bilinear, 1 nearest (round half to even), 2 bicubic (2-d only, A = -0.75).
+# Padding modes: 0 zeros, 1 border, 2 reflection. The backward passes are the VJPs of these forwards;
+# clipping and reflection are written with `where` so their gradients at the edges are CPU's.
+_BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
+_ZEROS, _BORDER, _REFLECTION = 0, 1, 2
+
+
+def _unnormalize(coord, size: int, align_corners: bool):
+    if align_corners:
+        return (coord + 1) / 2 * (size - 1)
+    return ((coord + 1) * size - 1) / 2
+
+
+def _clip(coord, size: int):
+    """Clamp to [0, size - 1]; the borders count as outside for the gradient (0 there), as on CPU."""
+    return jnp.where(coord <= 0, 0, jnp.where(coord >= size - 1, size - 1, coord))
+
+
+def _reflect(coord, twice_low: int, twice_high: int):
+    """Fold `coord` back into [low, high] as a mirror would (PyTorch's reflect_coordinates)."""
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    rel = coord - low
+    rel = jnp.where(rel < 0, -rel, rel)
+    extra = jnp.fmod(rel, span)
+    flips = jnp.floor(rel / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _pad_coordinate(coord, size: int, padding_mode: int, align_corners: bool):
+    if padding_mode == _BORDER:
+        return _clip(coord, size)
+    if padding_mode == _REFLECTION:
+        twice = (0, 2 * (size - 1)) if align_corners else (-1, 2 * size - 1)
+        return _clip(_reflect(coord, *twice), size)
+    return coord
+
+
+def _gather_points(x, idx, sizes):
+    """x (N, C, *sizes) at integer points idx (list per spatial axis, each (N, *out)); 0 outside."""
+    n, c = x.shape[:2]
+    inside = jnp.ones(idx[0].shape, bool)
+    flat = jnp.zeros(idx[0].shape, jnp.int32)
+    for i, size in zip(idx, sizes):
+        inside = inside & (i >= 0) & (i < size)
+        flat = flat * size + jnp.clip(i, 0, size - 1).astype(jnp.int32)
+    values = jnp.take_along_axis(x.reshape(n, c, -1), flat.reshape(n, 1, -1), axis=2)
+    values = values.reshape((n, c) + idx[0].shape[1:])
+    return jnp.where(inside[:, None], values, jnp.zeros((), x.dtype))
+
+
+def _cubic_weights(t):
+    """Keys' cubic convolution weights (A = -0.75) of the 4 taps around a point at fraction t."""
+    a = -0.75
+
+    def near(v):
+        return ((a + 2) * v - (a + 3)) * v * v + 1
+
+    def far(v):
+        return ((a * v - 5 * a) * v + 8 * a) * v - 4 * a
+
+    return (far(t + 1), near(t), near(1 - t), far(2 - t))
+
+
+def _grid_sample(x, grid, mode: int, padding_mode: int, align_corners: bool):
+    """Sample x (N, C, *spatial) at grid (N, *out, ndim) (last axis x, y[, z]): (N, C, *out)."""
+    sizes = x.shape[2:]
+    nd = len(sizes)
+    xf = _upcast(x)
+    grid = _upcast(grid).astype(xf.dtype)
+    # grid's last axis lists x (width) first: reverse it into the spatial order (depth, height, width)
+    coords = [_unnormalize(grid[..., nd - 1 - k], sizes[k], align_corners) for k in range(nd)]
+    if mode == _BICUBIC:
+        base = [jnp.floor(c) for c in coords]
+        weights = [_cubic_weights(c - b) for c, b in zip(coords, base)]
+        out = 0
+        for taps in itertools.product(range(4), repeat=nd):
+            idx = []
+            for k, t in enumerate(taps):
+                tap = _pad_coordinate(base[k] - 1 + t, sizes[k], padding_mode, align_corners)
+                idx.append(tap.astype(jnp.int32))  # C++ int cast: toward zero
+            w = math.prod(weights[k][t] for k, t in enumerate(taps))
+            out = out + _gather_points(xf, idx, sizes) * w[:, None]
+        return out
+    coords = [_pad_coordinate(c, s, padding_mode, align_corners) for c, s in zip(coords, sizes)]
+    if mode == _NEAREST:
+        idx = [jnp.round(c).astype(jnp.int32) for c in coords]
+        return _gather_points(xf, idx, sizes)
+    base = [jnp.floor(c) for c in coords]
+    out = 0
+    for corner in itertools.product((0, 1), repeat=nd):
+        # weight of the corner: (base + 1 - c) on its low side, (c - base) on its high side
+        w = math.prod((c - b) if o else (b + 1 - c) for c, b, o in zip(coords, base, corner))
+        idx = [(b + o).astype(jnp.int32) for b, o in zip(base, corner)]
+        out = out + _gather_points(xf, idx, sizes) * w[:, None]
+    return out
+
+
+@lowers("aten::grid_sampler_2d", "aten::grid_sampler_3d")
+def grid_sampler(x, grid, interpolation_mode, padding_mode, align_corners):
+    return _grid_sample(x, grid, interpolation_mode, padding_mode, align_corners)
+
+
+@lowers("aten::grid_sampler_2d_backward", "aten::grid_sampler_3d_backward")
+def grid_sampler_backward(grad_output, x, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    """(grad_input, grad_grid); an output not asked for in `output_mask` is undefined (None)."""
+
+    def fn(inp, g):
+        return _grid_sample(inp, g, interpolation_mode, padding_mode, align_corners)
+
+    out, vjp = jax.vjp(fn, _upcast(x), _upcast(grid))
+    grad_input, grad_grid = vjp(grad_output.astype(out.dtype))
+    return (grad_input if output_mask[0] else None), grad_grid
 
 
 # -- pixel shuffle ------------------------------------------------------------------------------------

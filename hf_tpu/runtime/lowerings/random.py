@@ -294,9 +294,12 @@ def native_dropout(key, x, p, train):
 
 @lowers("aten::native_dropout_backward")
 def native_dropout_backward(grad, mask, scale):
-    """grad * mask * scale, rounded once for reduced precision (as CPU's float opmath does)."""
+    """grad * mask * scale, rounded once for reduced precision (as CPU's float opmath does).
+
+    A bool/integer grad promotes with the float `scale` (True * 2.0 = 2.0), so it computes in float."""
     cdt = _compute_dtype(grad.dtype)
-    return (grad.astype(cdt) * mask.astype(cdt) * cdt(scale)).astype(grad.dtype)
+    result = grad.astype(cdt) * mask.astype(cdt) * cdt(scale)
+    return result.astype(grad.dtype) if jnp.issubdtype(grad.dtype, jnp.floating) else result
 
 
 # -- other distributions -----------------------------------------------------------------------------

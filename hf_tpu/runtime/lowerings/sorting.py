@@ -176,33 +176,41 @@ def bucketize_scalar(x, boundaries, out_int32=False, right=False):
 
 
 # -- histograms ---------------------------------------------------------------------------------
+def _rounded_like(dtype):
+    """Round a float32 result to `dtype`'s precision: emulates one bf16/f16 arithmetic op of CPU's
+    kernel while computing in float32 (reduce_precision is not undone by XLA's excess-precision rules)."""
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        return lambda v: v
+    info = jnp.finfo(dtype)
+    return lambda v: jax.lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
 @lowers("aten::histc")
 def histc(x, bins=100, min=0, max=0):  # noqa: A002 - schema names
     """Equal-width histogram over [min, max] (the data's range when min == max), any dtype.
 
-    Bin choice follows PyTorch's CPU kernel: linear position, then one step of correction against the
-    edges `linspace(min, max, bins + 1)`; the top edge belongs to the last bin; values outside and NaN
-    are dropped. Integer inputs (MoE expert counts) are binned the same way in float32.
+    Bin choice follows PyTorch's CPU kernel (linear interpolation, no correction against the edges):
+    bin = trunc((v - min) * bins / (max - min)), each step rounded in the input dtype (bf16 included);
+    the top edge belongs to the last bin; values outside and NaN are dropped. Integer inputs (MoE
+    expert counts, which CUDA accepts) are binned the same way in float32.
     """
     ct = x.dtype if x.dtype in (jnp.float32, jnp.float64) else jnp.float32
+    rnd = _rounded_like(x.dtype)
     v = x.reshape(-1).astype(ct)
-    lo = jnp.asarray(min, ct)
-    hi = jnp.asarray(max, ct)
+    lo = rnd(jnp.asarray(min, ct))
+    hi = rnd(jnp.asarray(max, ct))
     if v.size:
         same = lo == hi
         lo = jnp.where(same, jnp.min(v), lo)
         hi = jnp.where(same, jnp.max(v), hi)
     same = lo == hi
-    lo = jnp.where(same, lo - 1, lo)
-    hi = jnp.where(same, hi + 1, hi)
-    # PyTorch's linspace: the first half counts up from lo, the second half down from hi
-    i = jnp.arange(bins + 1)
-    step = (hi - lo) / bins
-    edges = jnp.where(i < (bins + 1) // 2, lo + step * i, hi - step * (bins - i))
-    pos = jnp.clip(((v - lo) / (hi - lo) * bins).astype(jnp.int64), 0, bins)
+    lo = rnd(jnp.where(same, lo - 1, lo))
+    hi = rnd(jnp.where(same, hi + 1, hi))
+    # XLA turns `a / broadcast(b)` into `a * (1 / b)`, one ulp off: enough to move a value across an
+    # edge once truncated; the barrier keeps a true division, as CPU does
+    width = jax.lax.optimization_barrier(jnp.broadcast_to(rnd(hi - lo), v.shape))
+    pos = rnd(rnd(rnd(v - lo) * bins) / width).astype(jnp.int64)
     pos = jnp.where(pos == bins, bins - 1, pos)
-    pos = jnp.where((pos > 0) & (v < edges[pos]), pos - 1, pos)
-    pos = jnp.where((pos < bins - 1) & (edges[jnp.minimum(pos + 1, bins)] <= v), pos + 1, pos)
     inside = (v >= lo) & (v <= hi)
     counts = jnp.zeros((bins,), jnp.int64).at[jnp.where(inside, pos, bins)].add(1, mode="drop")
     return counts
