@@ -175,8 +175,8 @@ def factorization(name: str, variant: str) -> str | None:
 # of these normalizations in the input dtype, every other device in float32 (CUDA's kernels, the meta
 # kernels that fake tensors and torch.compile use, torch._refs/_decomp, which special-case
 # `device.type == "cpu"`). The tpu dispatcher casts every output to the meta kernel's dtype, so tpu
-# follows the device rule. These outputs are to be compared by value after casting to CPU's dtype
-# (not wired into tests/opinfo_report.py yet). Value: output positions.
+# follows the device rule. tests/opinfo_report.py compares these outputs by value in CPU's dtype.
+# Value: output positions.
 DEVICE_DTYPE_OUTPUTS: dict[str, tuple[int, ...]] = {
     "native_layer_norm": (1, 2),  # mean, rstd
     "native_batch_norm": (1, 2),  # save_mean, save_invstd
