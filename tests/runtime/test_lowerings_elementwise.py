@@ -689,14 +689,15 @@ def test_backward_ops_direct():
 
 def test_gelu_accuracy():
     """PyTorch CPU's exact GELU runs oneDNN's approximation (and maps inf to nan): we compare the
-    float32 result with a float64 reference tightly and with CPU float32 loosely. The tanh form keeps
-    PyTorch's formula (and its cancellation in the negative tail), so it follows CPU float32."""
+    float32 result with a float64 reference tightly and with CPU float32 loosely. Both forms keep
+    PyTorch's formulas (1 + erf, 1 + tanh) and so their cancellation in the far negative tail, where
+    values below ~5e-7 round to 0 (the erfc form is exact there but ~7x slower on XLA:CPU)."""
     x = torch.cat([torch.linspace(-8, 8, 161), torch.tensor([float("-inf"), float("nan")])])
     for approximate in ("none", "tanh"):
         actual = F.gelu(x.to("tpu"), approximate=approximate).cpu()
         reference = F.gelu(x.double(), approximate=approximate).float()
         if approximate == "none":
-            torch.testing.assert_close(actual, reference, rtol=2e-6, atol=1e-7, equal_nan=True)
+            torch.testing.assert_close(actual, reference, rtol=2e-6, atol=5e-7, equal_nan=True)
         expected = F.gelu(x, approximate=approximate)
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-6, equal_nan=True)
     assert F.gelu(torch.tensor([float("inf")]).to("tpu")).item() == float("inf")

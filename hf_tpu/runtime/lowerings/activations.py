@@ -93,8 +93,9 @@ def _gelu(x, approximate: str):
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (x + _GELU_KAPPA * x * x * x)
         return 0.5 * x * (1 + jnp.tanh(inner))
-    # erfc(-x/sqrt2) = 1 + erf(x/sqrt2) without the cancellation that zeroes the negative tail
-    return x * 0.5 * lax.erfc(-x * _INV_SQRT_2)
+    # PyTorch's formula (1 + erf), not erfc(-x/sqrt2): XLA:CPU's erfc is ~7x slower than erf here, and
+    # the cancellation erf has in the far negative tail is the one PyTorch's CPU kernel has too
+    return x * 0.5 * (1 + lax.erf(x * _INV_SQRT_2))
 
 
 @lowers("aten::gelu")
@@ -115,7 +116,7 @@ def gelu_backward(grad_output, x, approximate="none"):
             0.5 * x * (1 - tanh_inner * tanh_inner) * _SQRT_2_OVER_PI * (1 + 3 * _GELU_KAPPA * x_sq)
         )
         return grad_output * (left_derivative + right_derivative)
-    cdf = 0.5 * lax.erfc(-x * _INV_SQRT_2)
+    cdf = 0.5 * (1 + lax.erf(x * _INV_SQRT_2))
     pdf = jnp.exp(-0.5 * x * x) * _INV_SQRT_2PI
     return grad_output * (cdf + x * pdf)
 
