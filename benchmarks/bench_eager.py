@@ -1,7 +1,8 @@
 """`make bench-eager`: per-op overhead and tiny-model forward latency, Strict tpu vs native torch CPU.
 
 Prints one table and writes reports/bench/eager.{md,json}. Targets (issue #2): <= 15 us/op for small
-adds; Strict forward <= 2x torch eager (geomean).
+adds; Strict forward <= 2x torch eager (geomean). Models come in two sizes (benchmarks/models.py): `tiny`
+(the test configs, ~1 ms, dispatch-bound) and `small` (sized like DESIGN §3.5's baselines).
 """
 
 from __future__ import annotations
@@ -15,9 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import environment, geomean, interleaved, write_report  # noqa: E402
-from tests.hf_models import build  # noqa: E402
-
-MODELS = ["llama", "gpt2", "bert", "unet"]
+from benchmarks.models import NAMES, SIZES, build, n_params  # noqa: E402
 
 
 def per_op(n_ops: int, rounds: int) -> dict:
@@ -37,9 +36,9 @@ def per_op(n_ops: int, rounds: int) -> dict:
     return {k: v["median_s"] / n_ops * 1e6 for k, v in res.items()}
 
 
-def model_latency(name: str, rounds: int) -> dict:
-    model, inputs = build(name)
-    dev_model, _ = build(name)
+def model_latency(name: str, size: str, rounds: int) -> dict:
+    model, inputs = build(name, size)
+    dev_model, _ = build(name, size)
     dev_model.to("tpu")
     dev_inputs = {k: v.to("tpu") for k, v in inputs.items()}
 
@@ -50,38 +49,48 @@ def model_latency(name: str, rounds: int) -> dict:
 
         return run
 
-    return interleaved(
+    res = interleaved(
         {"torch_cpu": (fwd(model, inputs), "cpu"), "tpu_strict": (fwd(dev_model, dev_inputs), "tpu")},
         rounds=rounds,
     )
+    res["params"] = n_params(model)
+    return res
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="reports/bench")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(NAMES))
+    parser.add_argument("--sizes", default=",".join(SIZES))
     args = parser.parse_args(argv)
 
     us = per_op(1000, rounds=args.rounds)
     rows = []
-    for name in args.models.split(","):
-        r = model_latency(name, args.rounds)
-        ratio = r["tpu_strict"]["median_s"] / r["torch_cpu"]["median_s"]
-        rows.append(
-            {
-                "model": name,
-                **{f"{k}_ms": v["median_s"] * 1e3 for k, v in r.items()},
-                "tpu_first_call_s": r["tpu_strict"]["first_call_s"],
-                "ratio": ratio,
-            }
-        )
-        print(
-            f"{name:8s} torch {rows[-1]['torch_cpu_ms']:8.2f} ms | strict {rows[-1]['tpu_strict_ms']:8.2f} ms | "
-            f"ratio {ratio:5.2f}x | first call {rows[-1]['tpu_first_call_s']:.2f} s",
-            flush=True,
-        )
-    gm = geomean([r["ratio"] for r in rows])
+    for size in args.sizes.split(","):
+        for name in args.models.split(","):
+            r = model_latency(name, size, args.rounds)
+            ratio = r["tpu_strict"]["median_s"] / r["torch_cpu"]["median_s"]
+            rows.append(
+                {
+                    "model": name,
+                    "size": size,
+                    "params": r["params"],
+                    "torch_cpu_ms": r["torch_cpu"]["median_s"] * 1e3,
+                    "tpu_strict_ms": r["tpu_strict"]["median_s"] * 1e3,
+                    "tpu_first_call_s": r["tpu_strict"]["first_call_s"],
+                    "ratio": ratio,
+                }
+            )
+            print(
+                f"{size:5s} {name:6s} torch {rows[-1]['torch_cpu_ms']:8.2f} ms | strict "
+                f"{rows[-1]['tpu_strict_ms']:8.2f} ms | ratio {ratio:5.2f}x | first call "
+                f"{rows[-1]['tpu_first_call_s']:.2f} s",
+                flush=True,
+            )
+    by_size = {
+        size: geomean([r["ratio"] for r in rows if r["size"] == size]) for size in args.sizes.split(",")
+    }
     lines = [
         "# Eager benchmark: Strict tpu vs native torch CPU",
         "",
@@ -90,19 +99,28 @@ def main(argv=None) -> int:
         f"Per-op overhead (1,000 adds of 4x4 fp32, median of {args.rounds}): torch CPU {us['torch_cpu']:.2f} us/op, "
         f"tpu Strict {us['tpu_strict']:.2f} us/op (target <= 15 us/op).",
         "",
-        "| model | torch eager (ms) | Strict (ms) | ratio (Strict/torch) | Strict first call (s) |",
-        "|---|---|---|---|---|",
+        "Forward latency, median of interleaved rounds (sizes: benchmarks/models.py).",
+        "",
+        "| size | model | params | torch eager (ms) | Strict (ms) | ratio (Strict/torch) | Strict first call (s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     lines += [
-        f"| {r['model']} | {r['torch_cpu_ms']:.2f} | {r['tpu_strict_ms']:.2f} | {r['ratio']:.2f}x | "
-        f"{r['tpu_first_call_s']:.2f} |"
+        f"| {r['size']} | {r['model']} | {r['params'] / 1e6:.2f}M | {r['torch_cpu_ms']:.2f} | "
+        f"{r['tpu_strict_ms']:.2f} | {r['ratio']:.2f}x | {r['tpu_first_call_s']:.2f} |"
         for r in rows
     ]
-    lines += ["", f"Geomean Strict/torch: {gm:.2f}x (target <= 2x).", ""]
+    lines += [
+        "",
+        "Geomean Strict/torch (target <= 2x): " + ", ".join(f"{k} {v:.2f}x" for k, v in by_size.items()),
+        "",
+    ]
     md = "\n".join(lines)
     print(md)
     write_report(
-        args.out, "eager", {"env": environment(), "per_op_us": us, "models": rows, "geomean_ratio": gm}, md
+        args.out,
+        "eager",
+        {"env": environment(), "per_op_us": us, "models": rows, "geomean_ratio": by_size},
+        md,
     )
     return 0
 

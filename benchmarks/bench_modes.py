@@ -1,7 +1,10 @@
-"""`make bench`: model x {torch eager, inductor, Strict, DeferAndFuse, compiled "tpu"} forward latency.
+"""`make bench-modes`: model x size x {torch eager, inductor, Strict, DeferAndFuse, compiled "tpu"}.
 
-One run, side by side: median steady-state times (modes interleaved A B A B after warm-up), first-call
-times, and ratios to native torch CPU eager. Writes reports/bench/modes.{md,json}.
+One run, side by side: median steady-state forward times (modes interleaved A B A B after warm-up),
+first-call times, ratios to native torch CPU eager, and the peak device memory a forward adds on top
+of the weights for Strict vs DeferAndFuse. Writes reports/bench/modes.{md,json}. Targets (issue #5):
+DeferAndFuse >= 2x faster than Strict with lower peak memory; compiled <= 0.7x torch eager and
+<= 1.0x inductor (geomeans); compiled first call <= inductor's warm-cache first call.
 """
 
 from __future__ import annotations
@@ -16,10 +19,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import environment, geomean, interleaved, write_report  # noqa: E402
-from tests.hf_models import build  # noqa: E402
+from benchmarks.models import NAMES, SIZES, build, n_params  # noqa: E402
 
-MODELS = ["llama", "gpt2", "bert", "t5", "unet"]
 MODES = ["torch_eager", "inductor", "strict", "defer_and_fuse", "compiled"]
+DEVICE_MODES = ("strict", "defer_and_fuse", "compiled")
 
 
 def _runner(model, inputs, mode):
@@ -35,13 +38,28 @@ def _runner(model, inputs, mode):
     return run
 
 
-def bench_model(name: str, modes: list[str], rounds: int) -> dict:
+def _peak_extra_bytes(run) -> int:
+    """Device bytes one forward allocates beyond what was live before it (activations, not weights)."""
+    torch.tpu.synchronize()
+    base = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    out = run()
+    torch.tpu.synchronize()
+    peak = torch.tpu.max_memory_allocated()
+    del out
+    return max(0, peak - base)
+
+
+def bench_model(name: str, size: str, modes: list[str], rounds: int) -> dict:
     cases = {}
     first_calls = {}
+    peaks = {}
+    params = 0
     for mode in modes:
-        model, inputs = build(name)
+        model, inputs = build(name, size)
+        params = n_params(model)
         device = "cpu"
-        if mode in ("strict", "defer_and_fuse", "compiled"):
+        if mode in DEVICE_MODES:
             model.to("tpu")
             inputs = {k: v.to("tpu") for k, v in inputs.items()}
             device = "tpu"
@@ -55,72 +73,115 @@ def bench_model(name: str, modes: list[str], rounds: int) -> dict:
         if device == "tpu":
             torch.tpu.synchronize()
         first_calls[mode] = time.perf_counter() - t0
+        if mode in ("strict", "defer_and_fuse"):
+            run()
+            peaks[mode] = _peak_extra_bytes(run)
         cases[mode] = (run, device)
     res = interleaved(cases, rounds=rounds, warmup=2)
     for mode in modes:
         res[mode]["first_call_s"] = first_calls[mode]
+        if mode in peaks:
+            res[mode]["peak_extra_bytes"] = peaks[mode]
+    res["params"] = params
     return res
+
+
+def _ratio_cell(r: dict, mode: str, base: float | None) -> str:
+    ms = r[mode]["median_s"] * 1e3
+    return f"{ms:.2f}" + (f" ({r[mode]['median_s'] / base:.2f}x)" if base else "")
+
+
+def summarize(rows: dict, modes: list[str]) -> dict:
+    """Geomeans over the rows given: each mode / torch eager, DeferAndFuse speedup, compiled / inductor."""
+    out = {}
+    vals = list(rows.values())
+    if "torch_eager" in modes:
+        for m in modes:
+            out[f"{m}_vs_torch_eager"] = geomean(
+                [r[m]["median_s"] / r["torch_eager"]["median_s"] for r in vals]
+            )
+    if "strict" in modes and "defer_and_fuse" in modes:
+        out["defer_speedup_over_strict"] = geomean(
+            [r["strict"]["median_s"] / r["defer_and_fuse"]["median_s"] for r in vals]
+        )
+    if "inductor" in modes and "compiled" in modes:
+        out["compiled_vs_inductor"] = geomean(
+            [r["compiled"]["median_s"] / r["inductor"]["median_s"] for r in vals]
+        )
+        out["compiled_first_call_vs_inductor"] = geomean(
+            [r["compiled"]["first_call_s"] / r["inductor"]["first_call_s"] for r in vals]
+        )
+    return out
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="reports/bench")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--models", default=",".join(NAMES))
+    parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
+    sizes = args.sizes.split(",")
     rows = {}
-    for name in args.models.split(","):
-        torch._dynamo.reset()
-        rows[name] = bench_model(name, modes, args.rounds)
-        base = rows[name]["torch_eager"]["median_s"] if "torch_eager" in modes else None
-        cells = " | ".join(
-            f"{m} {rows[name][m]['median_s'] * 1e3:.2f} ms"
-            + (f" ({rows[name][m]['median_s'] / base:.2f}x)" if base else "")
-            for m in modes
-        )
-        print(f"{name:6s} {cells}", flush=True)
+    for size in sizes:
+        for name in args.models.split(","):
+            torch._dynamo.reset()
+            key = f"{size}/{name}"
+            rows[key] = bench_model(name, size, modes, args.rounds)
+            base = rows[key]["torch_eager"]["median_s"] if "torch_eager" in modes else None
+            print(
+                f"{key:12s} " + " | ".join(f"{m} {_ratio_cell(rows[key], m, base)}" for m in modes),
+                flush=True,
+            )
     lines = [
-        "# Forward latency by execution mode (ms, median; ratio to torch eager)",
+        "# Forward latency by execution mode",
         "",
         f"Environment: {environment()}",
         "",
-        "| model | " + " | ".join(modes) + " |",
-        "|---|" + "---|" * len(modes),
+        "Median steady-state ms per forward (ratio to torch eager); modes interleaved A B A B after warm-up. "
+        "Sizes: benchmarks/models.py (`tiny` = test configs, `small` = DESIGN §3.5-sized).",
+        "",
+        "| model | params | " + " | ".join(modes) + " |",
+        "|---|---:|" + "---:|" * len(modes),
     ]
-    for name, r in rows.items():
+    for key, r in rows.items():
         base = r["torch_eager"]["median_s"] if "torch_eager" in r else None
         lines.append(
-            f"| {name} | "
-            + " | ".join(
-                f"{r[m]['median_s'] * 1e3:.2f}" + (f" ({r[m]['median_s'] / base:.2f}x)" if base else "")
-                for m in modes
-            )
+            f"| {key} | {r['params'] / 1e6:.2f}M | "
+            + " | ".join(_ratio_cell(r, m, base) for m in modes)
             + " |"
         )
     lines += [
         "",
-        "First call (s, includes compilation):",
+        "First call (s, includes compilation; inductor's cache is warm only for repeated shapes in this process):",
         "",
         "| model | " + " | ".join(modes) + " |",
-        "|---|" + "---|" * len(modes),
+        "|---|" + "---:|" * len(modes),
     ]
-    for name, r in rows.items():
-        lines.append(f"| {name} | " + " | ".join(f"{r[m]['first_call_s']:.2f}" for m in modes) + " |")
-    summary = {}
-    if "torch_eager" in modes:
-        for m in modes:
-            summary[m] = geomean([r[m]["median_s"] / r["torch_eager"]["median_s"] for r in rows.values()])
-        if "strict" in modes and "defer_and_fuse" in modes:
-            summary["defer_vs_strict_speedup"] = geomean(
-                [r["strict"]["median_s"] / r["defer_and_fuse"]["median_s"] for r in rows.values()]
+    for key, r in rows.items():
+        lines.append(f"| {key} | " + " | ".join(f"{r[m]['first_call_s']:.2f}" for m in modes) + " |")
+    if "strict" in modes and "defer_and_fuse" in modes:
+        lines += [
+            "",
+            "Peak device memory one forward adds beyond the weights (MiB):",
+            "",
+            "| model | Strict | DeferAndFuse | DeferAndFuse / Strict |",
+            "|---|---:|---:|---:|",
+        ]
+        for key, r in rows.items():
+            s, d = r["strict"]["peak_extra_bytes"], r["defer_and_fuse"]["peak_extra_bytes"]
+            lines.append(
+                f"| {key} | {s / 2**20:.2f} | {d / 2**20:.2f} | {d / s if s else float('nan'):.2f} |"
             )
-        if "inductor" in modes and "compiled" in modes:
-            summary["compiled_vs_inductor"] = geomean(
-                [r["compiled"]["median_s"] / r["inductor"]["median_s"] for r in rows.values()]
-            )
-        lines += ["", "Geomean over models: " + ", ".join(f"{k} {v:.2f}x" for k, v in summary.items()), ""]
+    summary = {"all": summarize(rows, modes)}
+    for size in sizes:
+        summary[size] = summarize({k: v for k, v in rows.items() if k.startswith(size + "/")}, modes)
+    lines += ["", "Geomeans:", "", "| over | " + " | ".join(summary["all"]) + " |"]
+    lines.append("|---|" + "---:|" * len(summary["all"]))
+    for over, s in summary.items():
+        lines.append(f"| {over} | " + " | ".join(f"{v:.2f}x" for v in s.values()) + " |")
     md = "\n".join(lines) + "\n"
     print(md)
     write_report(args.out, "modes", {"env": environment(), "rows": rows, "summary": summary}, md)
