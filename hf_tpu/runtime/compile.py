@@ -29,6 +29,18 @@ from hf_tpu.runtime.tensor import to_jax, wrap
 
 log = logging.getLogger("hf_tpu.compile")
 _warned: set = set()
+
+
+def _keep_dynamo_out_of_the_runtime() -> None:
+    """Dynamo must never trace our eager kernels (nor JAX): after a graph break such as `loss.backward()`
+    inside a compiled function, the autograd engine calls them while Dynamo's frame hook is active."""
+    from torch._dynamo import trace_rules
+
+    for module in ("hf_tpu.runtime", "jax", "jaxlib"):
+        trace_rules.add(module)
+
+
+_keep_dynamo_out_of_the_runtime()
 _lock = threading.Lock()
 _RECOMPILE_WARN_AT = 8
 _UNUSABLE_DONATION = "Some donated buffers were not usable"

@@ -8,6 +8,10 @@ into the executable. Functional, in-place and out= overloads are all kernels of 
 kind, since they write lists of tensors); result dtypes come from PyTorch's meta kernels. Under
 DeferAndFuse the call is recorded like any other op (an optimizer step then fuses with forward and
 backward instead of flushing the trace at every `_foreach_*`).
+
+Inside `torch.compile(..., backend="tpu")` graphs, aot_autograd emits the functional overloads; each also
+has a graph lowering (`ForeachGraphLowering`) built from the same element functions, so a compiled
+optimizer step is one XLA program instead of an eager fallback.
 """
 
 from __future__ import annotations
@@ -77,6 +81,17 @@ _ELEMENT: dict[str, tuple] = {
 
 # argument kinds
 _LIST, _SCALARS, _TENSOR, _SCALAR, _STATIC = range(5)
+
+
+def map_elements(element, args, each, length: int) -> list:
+    """`element` applied at each list position: per-element arguments (tensor lists, scalar lists, a
+    1-D `scalars` tensor) give their i-th item, shared ones (a Scalar, a 0-d Tensor) pass as they are.
+
+    The one place the foreach math runs, for the eager kernels and the graph lowerings alike.
+    """
+    return [jnp.asarray(element(*(a[i] if e else a for a, e in zip(args, each)))) for i in range(length)]
+
+
 _META = torch.device("meta")
 
 
@@ -206,12 +221,12 @@ class ForeachKernel:
                     leaves[pos : pos + n] if kind == "each" else leaves[pos] if kind == "one" else v
                 )
                 pos += n
-            out = []
-            for i, (shape, dtype) in enumerate(specs):
-                args = [a[i] if kind == "each" else a for a, (kind, _) in zip(per_arg, slots)]
-                r = jnp.asarray(element(*args)).astype(to_jax_dtype(dtype))
-                out.append(jnp.broadcast_to(r, shape))
-            return out
+            each = [kind == "each" for kind, _ in slots]
+            results = map_elements(element, per_arg, each, len(specs))
+            return [
+                jnp.broadcast_to(r.astype(to_jax_dtype(dtype)), shape)
+                for r, (shape, dtype) in zip(results, specs)
+            ]
 
         return jax.jit(run), specs
 
@@ -261,6 +276,26 @@ def _functional_of(op):
     raise LookupError(f"no functional overload for {op}")
 
 
+class ForeachGraphLowering:
+    """The graph lowering of one functional `_foreach_*` overload (what aot_autograd's functional
+    graphs hold): arrays in, the list of results out, in the schema's order.
+
+    Inside a traced graph every argument already is what the element function takes: tensor lists
+    are lists of arrays, a `Scalar[]` a list of numbers, the `.Tensor` overloads' `scalars` a 1-D array
+    (indexed per element), a lone `Tensor` a (0-d) array shared by all elements. The compiled
+    interpreter casts and broadcasts each result to the node's (shape, dtype).
+    """
+
+    def __init__(self, op, element) -> None:
+        self.op = op
+        self.element = element
+        self.each = [_kind(a, ()) in (_LIST, _SCALARS) for a in op._schema.arguments]
+
+    def __call__(self, *args) -> list:
+        length = next(len(a) for a, e in zip(args, self.each) if e)
+        return map_elements(self.element, args, self.each, length)
+
+
 def _register() -> None:
     for name, (element, static_names) in _ELEMENT.items():
         for packet_name in (f"_foreach_{name}", f"_foreach_{name}_"):
@@ -274,6 +309,8 @@ def _register() -> None:
                 except LookupError:
                     continue
                 lowers(f"aten::{packet_name}.{ov}", kind="host")(kernel)
+                if kernel.functional is op:
+                    lowers(f"aten::{packet_name}.{ov}", graph=True)(ForeachGraphLowering(op, element))
 
 
 _register()
