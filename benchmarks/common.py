@@ -21,9 +21,11 @@ def sync(device: str) -> None:
 def time_call(fn: Callable[[], object], device: str) -> float:
     sync(device)
     t0 = time.perf_counter()
-    fn()
+    out = fn()  # kept alive until the device finished computing it
     sync(device)
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    del out
+    return elapsed
 
 
 def interleaved(cases: dict[str, tuple[Callable[[], object], str]], rounds: int, warmup: int = 2) -> dict:

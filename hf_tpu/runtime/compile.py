@@ -199,6 +199,8 @@ class GraphProgram:
             if i in donated:
                 REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[k])
                 updated[k] = args[i].detach()
+        # for synchronize(); not the donated outputs: an extra reference would block their next donation
+        platform.last_launched[0] = [o for k, o in enumerate(outs) if k not in updated]
         out_specs = [_spec_of(v) for v in self._output_vals()]
         return [
             updated[k]

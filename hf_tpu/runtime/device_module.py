@@ -144,10 +144,11 @@ def synchronize(device=None) -> None:
 
     lazy.flush("synchronize")
     jax = _platform.jax()
-    _REGISTRY.sweep()  # dead storages' buffers need no waiting for
+    # like CUDA, wait for all queued work, not just live results: the newest launch stands for the
+    # work whose outputs were dropped already
     arrays = [p.array for p in list(_REGISTRY._payloads.values()) if p.array is not None]
-    if arrays:
-        jax.block_until_ready(arrays)
+    arrays.append(_platform.last_launched[0])
+    jax.block_until_ready([a for a in arrays if a is not None])
 
 
 def flush() -> None:

@@ -374,6 +374,7 @@ class OpKernel:
             if lazy._enabled:
                 return lazy.call(entry.fn, leaves), entry.spec
             results = entry.fn(*leaves)
+            platform.last_launched[0] = results
             if modes.launch_blocking():
                 platform.jax().block_until_ready(results)
         except Exception as exc:  # noqa: BLE001 - JAX errors become op-named errors

@@ -255,6 +255,7 @@ def flush(reason: str = "explicit") -> None:
             stats["cache_hits"] += 1
         stats["flushes"] += 1
         results = program(*trace.inputs)
+        platform.last_launched[0] = results
         for (_, lv), arr in zip(live, results):
             lv.concrete = arr
         _materialize_payloads()
