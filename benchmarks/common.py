@@ -28,8 +28,12 @@ def time_call(fn: Callable[[], object], device: str) -> float:
     return elapsed
 
 
-def interleaved(cases: dict[str, tuple[Callable[[], object], str]], rounds: int, warmup: int = 2) -> dict:
-    """Median seconds per case; modes run A B A B so machine noise hits them alike (DESIGN §3.5)."""
+def interleaved(
+    cases: dict[str, tuple[Callable[[], object], str]], rounds: int, warmup: int = 2, block: int = 4
+) -> dict:
+    """Median seconds per case; modes alternate in blocks (A A A A B B B B A ...) so machine noise hits
+    them alike (DESIGN §3.5). The first call of each block is not counted: on 2 cores, the previous
+    case's worker threads (torch's OpenMP pool, XLA's Eigen pool) are still spinning or asleep then."""
     first = {}
     for name, (fn, device) in cases.items():
         first[name] = time_call(fn, device)
@@ -38,13 +42,15 @@ def interleaved(cases: dict[str, tuple[Callable[[], object], str]], rounds: int,
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, (fn, device) in cases.items():
-            samples[name].append(time_call(fn, device))
+            time_call(fn, device)
+            samples[name].extend(time_call(fn, device) for _ in range(block - 1))
     return {
         name: {
             "median_s": statistics.median(s),
             "min_s": min(s),
             "first_call_s": first[name],
-            "rounds": len(s),
+            "rounds": rounds,
+            "samples": len(s),
         }
         for name, s in samples.items()
     }

@@ -145,7 +145,8 @@ def synchronize(device=None) -> None:
     lazy.flush("synchronize")
     jax = _platform.jax()
     # like CUDA, wait for all queued work, not just live results: the newest launch stands for the
-    # work whose outputs were dropped already
+    # work whose outputs were dropped already (so dead storages can be swept first, not waited on)
+    _REGISTRY.sweep()
     arrays = [p.array for p in list(_REGISTRY._payloads.values()) if p.array is not None]
     arrays.append(_platform.last_launched[0])
     jax.block_until_ready([a for a in arrays if a is not None])

@@ -53,6 +53,7 @@ class StorageRegistry:
         self._lock = threading.Lock()
         self._next_ptr = _FIRST_PTR
         self._since_sweep = 0
+        self._bytes_since_sweep = 0
         self.allocated = 0
         self.peak = 0
 
@@ -63,11 +64,17 @@ class StorageRegistry:
             ptr = self._next_ptr
             self._next_ptr += (nbytes + _ALIGN) // _ALIGN * _ALIGN
             self._since_sweep += 1
+            self._bytes_since_sweep += nbytes
             if array is not None:
                 self.allocated += nbytes
                 if self.allocated > self.peak:
                     self.peak = self.allocated
-            return ptr, self._since_sweep > 256 and self._since_sweep > len(self._payloads)
+            # amortized O(1) per allocation, and dead buffers never outweigh a quarter of the live ones
+            # (plus 64 MiB) for long: they hold device memory until swept
+            due = (self._since_sweep > 256 and self._since_sweep > len(self._payloads)) or (
+                self._bytes_since_sweep > max(1 << 26, self.allocated >> 2)
+            )
+            return ptr, due
 
     def new_storage(self, nbytes: int, shape: tuple, dtype: torch.dtype, array=None) -> torch.UntypedStorage:
         """A storage with a fresh unique fake pointer; `array` (if given) is its payload already."""
@@ -115,6 +122,7 @@ class StorageRegistry:
                 if p.array is not None:
                     self.allocated -= p.nbytes
             self._since_sweep = 0
+            self._bytes_since_sweep = 0
         return len(dead)
 
     def live_count(self) -> int:
