@@ -277,7 +277,7 @@ def _materialize_payloads() -> None:
     for p in list(REGISTRY._payloads.values()):
         a = p.array
         if isinstance(a, LazyValue) and a.concrete is not None:
-            p.array = a.concrete
+            REGISTRY.store(p, a.concrete)
 
 
 def pending_ops() -> int:

@@ -14,6 +14,8 @@ import threading
 
 import torch
 
+from hf_tpu.runtime.lazy import LazyValue
+
 DEVICE = torch.device("tpu", 0)
 _ALIGN = 64
 _FIRST_PTR = 1 << 44
@@ -32,14 +34,17 @@ class Payload:
     this is created once per op output, so it is kept cheap); the registry frees it with the payload.
     """
 
-    __slots__ = ("weak", "array", "shape", "dtype", "nbytes")
+    __slots__ = ("weak", "array", "shape", "dtype", "nbytes", "counted")
 
-    def __init__(self, weak: int, array, shape: tuple, dtype: torch.dtype, nbytes: int) -> None:
+    def __init__(
+        self, weak: int, array, shape: tuple, dtype: torch.dtype, nbytes: int, counted: bool
+    ) -> None:
         self.weak = weak
         self.array = array
         self.shape = shape
         self.dtype = dtype
         self.nbytes = nbytes
+        self.counted = counted  # its bytes are in `allocated` (a real buffer, not a pending LazyValue)
 
     def expired(self) -> bool:
         return _expired(self.weak)
@@ -65,7 +70,7 @@ class StorageRegistry:
             self._next_ptr += (nbytes + _ALIGN) // _ALIGN * _ALIGN
             self._since_sweep += 1
             self._bytes_since_sweep += nbytes
-            if array is not None:
+            if _is_buffer(array):
                 self.allocated += nbytes
                 if self.allocated > self.peak:
                     self.peak = self.allocated
@@ -82,7 +87,7 @@ class StorageRegistry:
         if sweep:
             self.sweep()
         storage = _construct(ptr, DEVICE, nbytes)
-        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes)
+        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, _is_buffer(array))
         return storage
 
     def adopt(
@@ -97,15 +102,20 @@ class StorageRegistry:
         if sweep:
             self.sweep()
         storage._swap_data_ptr_(_construct(ptr, DEVICE, nbytes))
-        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes)
+        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, _is_buffer(array))
 
     def payload(self, ptr: int) -> Payload | None:
         return self._payloads.get(ptr)
 
     def set_array(self, ptr: int, array) -> None:
-        p = self._payloads[ptr]
-        if p.array is None:
+        self.store(self._payloads[ptr], array)
+
+    def store(self, p: Payload, array) -> None:
+        """Make `array` the payload's value; its bytes count once a real buffer backs the storage
+        (DeferAndFuse values that die before a flush never occupy device memory)."""
+        if not p.counted and _is_buffer(array):
             with self._lock:
+                p.counted = True
                 self.allocated += p.nbytes
                 if self.allocated > self.peak:
                     self.peak = self.allocated
@@ -119,7 +129,7 @@ class StorageRegistry:
             for ptr in dead:
                 p = self._payloads.pop(ptr)
                 _free_weak_ref(p.weak)
-                if p.array is not None:
+                if p.counted:
                     self.allocated -= p.nbytes
             self._since_sweep = 0
             self._bytes_since_sweep = 0
@@ -132,6 +142,10 @@ class StorageRegistry:
     def reset_peak(self) -> None:
         self.sweep()
         self.peak = self.allocated
+
+
+def _is_buffer(array) -> bool:
+    return array is not None and type(array) is not LazyValue
 
 
 REGISTRY = StorageRegistry()

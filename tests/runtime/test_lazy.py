@@ -104,3 +104,28 @@ def test_mode_selection_api():
         assert lazy.pending_ops() == 0
         assert t.cpu().tolist() == [3.0, 3.0, 3.0]
     assert torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_NEVER
+
+
+def test_defer_and_fuse_peak_memory_is_lower_than_strict():
+    """Intermediates that die before the flush never get a buffer, so they never count as allocated."""
+    x = torch.randn(256, 1024, device="tpu")  # 1 MiB
+
+    def chain():
+        y = x
+        for _ in range(8):
+            y = torch.tanh(y * 1.5 + 0.25)
+        return y
+
+    def peak(mode) -> tuple[int, torch.Tensor]:
+        with torch.tpu.eager_mode(mode):
+            torch.tpu.synchronize()
+            base = torch.tpu.memory_allocated()
+            torch.tpu.reset_peak_memory_stats()
+            out = chain()
+            torch.tpu.synchronize()
+            return torch.tpu.max_memory_allocated() - base, out
+
+    strict_peak, strict_out = peak(torch.tpu.EagerMode.DEFER_NEVER)
+    fused_peak, fused_out = peak(torch.tpu.EagerMode.DEFER_AND_FUSE)
+    torch.testing.assert_close(fused_out.cpu(), strict_out.cpu())
+    assert fused_peak <= 1 << 20 < strict_peak, (fused_peak, strict_peak)
