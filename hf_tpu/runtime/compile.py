@@ -89,6 +89,7 @@ class GraphProgram:
         self.donation_plan = donation_plan
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
         self._donation_checked: set = set()
+        self._out_specs: list | None = None  # (shape, dtype) per graph output, from the FX metadata
         self.n_random = sum(
             1
             for n in gm.graph.nodes
@@ -201,7 +202,9 @@ class GraphProgram:
                 updated[k] = args[i].detach()
         # for synchronize(); not the donated outputs: an extra reference would block their next donation
         platform.last_launched[0] = [o for k, o in enumerate(outs) if k not in updated]
-        out_specs = [_spec_of(v) for v in self._output_vals()]
+        out_specs = self._out_specs
+        if out_specs is None:
+            out_specs = self._out_specs = [_spec_of(v) for v in self._output_vals()]
         return [
             updated[k]
             if k in updated
@@ -268,7 +271,7 @@ class GraphProgram:
 
     def _note_shapes(self, arrays) -> tuple:
         """Track input signatures (warn once on a recompile storm); returns this call's."""
-        sig = tuple((tuple(a.shape), str(a.dtype)) for a in arrays if hasattr(a, "shape"))
+        sig = tuple((a.shape, a.dtype) for a in arrays if hasattr(a, "shape"))  # cheap: runs every call
         if sig in self._shapes_seen:
             return sig
         self._shapes_seen.add(sig)
