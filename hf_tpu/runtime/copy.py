@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import numpy as np
 import torch
 
 from hf_tpu.runtime import lazy, platform
@@ -25,7 +26,8 @@ def host_to_jax(t: torch.Tensor):
 
     On JAX's CPU platform `device_put` of a numpy view of a torch tensor aliases its memory (even with
     `may_alias=False`, JAX 0.10.2), so a later in-place write to the CPU tensor would show through on the
-    device: copy explicitly there. Other platforms copy to device memory anyway.
+    device: copy explicitly there (into a fresh numpy array only the device buffer then holds; ~5x
+    cheaper than `jnp.array(..., copy=True)`). Other platforms copy to device memory anyway.
     """
     jax = platform.jax()
     to_jax_dtype(t.dtype)  # clear error for unsupported dtypes
@@ -34,7 +36,7 @@ def host_to_jax(t: torch.Tensor):
     array = numpy_from_torch(t.contiguous() if not t.is_contiguous() else t)
     device = platform.default_device()
     if device.platform == "cpu":
-        return jax.numpy.array(array, copy=True, device=device)
+        array = np.array(array, copy=True)
     return jax.device_put(array, device)
 
 
