@@ -213,7 +213,12 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
             h, w = kwargs["pixel_values"].shape[-2:]
             kwargs["image_sizes"] = torch.tensor([[h, w]] * batch)
     if "audio" in parts:
-        kwargs.update(_audio_inputs(cfg, params, gen, batch, plan))
+        try:
+            kwargs.update(_audio_inputs(cfg, params, gen, batch, plan))
+        except InputError:
+            if not parts & {"text", "image"}:
+                raise
+            parts.discard("audio")  # an omni model (text+image+audio): its audio input is optional
     if "text" in parts:
         if "image" in parts:
             insert_placeholders(kwargs, image_token_id(cfg), _guess_image_tokens(cfg))

@@ -256,6 +256,12 @@ def _shrink_layers(d: dict[str, Any], where: str) -> None:
         for key, value in list(d.items()):
             if _per_layer(key, value, n):
                 d[key] = "".join(value[i] for i in idx) if isinstance(value, str) else [value[i] for i in idx]
+            elif _layer_dict(value, n):  # {"05": {...}}: overrides keyed by layer index (gemma4)
+                d[key] = {
+                    (str(idx.index(int(k))) if isinstance(k, str) else idx.index(k)): v
+                    for k, v in value.items()
+                    if int(k) in idx
+                }
     if chosen:
         n_old, idx = max(chosen.items())
         for key in LAYER_INDEX_KEYS:
@@ -277,6 +283,15 @@ def _shrink_layers(d: dict[str, Any], where: str) -> None:
         v = d.get(key)
         if isinstance(v, list) and all(_int(i) for i in v):
             d[key] = [min(i, 1) if i > 0 else i for i in v]
+
+
+def _layer_dict(value: Any, n: int) -> bool:
+    """A dict keyed by layer indices (ints or digit strings) below n."""
+    return (
+        isinstance(value, dict)
+        and bool(value)
+        and all((_int(k) or (isinstance(k, str) and k.isdigit())) and int(k) < n for k in value)
+    )
 
 
 def _per_layer(key: Any, value: Any, n: int) -> bool:

@@ -370,3 +370,18 @@ def test_plan_round_trips_through_json():
     p = plan_entry({"id": "org/gpt2", "architecture": "GPT2LMHeadModel"})
     back = Plan.from_dict(json.loads(json.dumps(p.to_dict())))
     assert json.dumps(back.to_dict(), sort_keys=True) == json.dumps(p.to_dict(), sort_keys=True)
+
+
+def test_shrink_remaps_layer_index_dicts():
+    """gemma4's per_layer_config is keyed by layer index ("05"): kept layers are renumbered, the rest go."""
+    from transformers import CONFIG_MAPPING
+
+    from compat import shrink
+
+    cfg = CONFIG_MAPPING["gemma4_text"]()
+    small = shrink.shrink_config_dict(cfg.to_dict(), "google/gemma-4-E2B-it")
+    n = small["num_hidden_layers"]
+    assert n < cfg.num_hidden_layers
+    keys = [int(k) for k in small["per_layer_config"]]
+    assert keys and all(0 <= k < n for k in keys)
+    CONFIG_MAPPING["gemma4_text"](**{k: v for k, v in small.items() if k != "model_type"})  # valid
