@@ -250,6 +250,8 @@ def _as_bytes(jax, base):
     flat = base.reshape(-1)
     if flat.dtype == jnp.bool_:
         flat = flat.astype(jnp.uint8)
+    if jnp.issubdtype(flat.dtype, jnp.complexfloating):  # XLA bitcasts no complex: (real, imag) pairs
+        flat = jnp.stack([flat.real, flat.imag], axis=-1).reshape(-1)
     b = jax.lax.bitcast_convert_type(flat, jnp.uint8)
     return b.reshape(-1)
 
@@ -259,6 +261,11 @@ def _from_bytes(jax, b, dtype):
     jnp = jax.numpy
     if dtype == jnp.bool_:
         return b[..., 0] != 0
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        part = jnp.float32 if dtype == jnp.complex64 else jnp.float64
+        half = b.shape[-1] // 2
+        pairs = jax.lax.bitcast_convert_type(b.reshape(*b.shape[:-1], 2, half), part)
+        return (pairs[..., 0] + 1j * pairs[..., 1]).astype(dtype)
     if dtype.itemsize == 1:
         return jax.lax.bitcast_convert_type(b[..., 0], dtype)
     return jax.lax.bitcast_convert_type(b, dtype)

@@ -196,3 +196,17 @@ def test_inplace_result_type_is_checked():
     a = torch.ones(3, dtype=torch.int64, device="tpu")
     with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
         a.mul_(1.5)
+
+
+def test_real_and_imag_views_of_complex_tensors():
+    """`.real`/`.imag` reinterpret complex storage as floats: reads and writes go through (real, imag) pairs."""
+    z = torch.randn(3, 4, dtype=torch.complex64)
+    d = z.to("tpu")
+    assert torch.equal(d.real.cpu(), z.real) and torch.equal(d.imag.cpu(), z.imag)
+    d.real.mul_(2)
+    z.real.mul_(2)
+    d.imag[1] = 5
+    z.imag[1] = 5
+    assert torch.equal(d.cpu(), z)
+    r = torch.randn(3, 4, 2)
+    assert torch.equal(torch.view_as_complex(r.to("tpu")).cpu(), torch.view_as_complex(r))
