@@ -126,6 +126,7 @@ def run_models(
     results_path = out / "results.jsonl"
     work = out / "_work"
     cache = Path(cache_dir) if cache_dir else work / "models"
+    keep_models = cache_dir is not None
     todo_entries = select_shard(normalize_entries(entries), shard)
     if resume:
         done = load_done(results_path)
@@ -148,6 +149,10 @@ def run_models(
         tasks = _plan_tasks(
             pending, device, tier, hub_max_params, str(cache), compile_backend, on_record, bar
         )
+        for t in tasks:
+            # the run's own work cache is dropped model by model (a 5,000-model run's checkpoints filled
+            # a disk); an explicit cache_dir is kept for reuse
+            t["keep_model"] = keep_models
         if tasks:
             config = WorkerConfig(
                 tier=tier,

@@ -20,6 +20,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 Emit = Callable[[str, dict[str, Any]], None]
@@ -95,7 +96,24 @@ def _rss() -> int:
 
 
 def run_task(task: dict[str, Any], emit: Emit) -> None:
-    """Run one model (a dedup group's representative) in every requested mode, emitting a record per mode."""
+    """Run one model (a dedup group's representative) in every requested mode, emitting a record per mode;
+    then delete its materialized checkpoint unless the task says to keep it."""
+    try:
+        _run_task(task, emit)
+    finally:
+        if not task.get("keep_model", True):
+            _drop_checkpoint(task)
+
+
+def _drop_checkpoint(task: dict[str, Any]) -> None:
+    key = str(task.get("plan", {}).get("dedup_key") or "")
+    if key and task.get("cache_dir"):
+        import shutil
+
+        shutil.rmtree(Path(task["cache_dir"]) / key[:24], ignore_errors=True)
+
+
+def _run_task(task: dict[str, Any], emit: Emit) -> None:
     import torch
 
     from compat import fakes

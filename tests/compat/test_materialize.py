@@ -385,3 +385,22 @@ def test_shrink_remaps_layer_index_dicts():
     keys = [int(k) for k in small["per_layer_config"]]
     assert keys and all(0 <= k < n for k in keys)
     CONFIG_MAPPING["gemma4_text"](**{k: v for k, v in small.items() if k != "model_type"})  # valid
+
+
+def test_worker_drops_the_run_cache_checkpoint_after_its_task(tmp_path):
+    """A full-sample run writes thousands of checkpoints: each is deleted once its model has run."""
+    from compat.worker import run_task
+
+    plan = plan_entry({"id": "test/BertModel", "architecture": "BertModel", "library": "transformers"})
+    records: list[dict] = []
+    task = {
+        "plan": plan.to_dict(),
+        "modes": ["eager"],
+        "device": "cpu",
+        "base": {"model_id": plan.model_id, "attributed_ids": [plan.model_id], "dedup_key": plan.dedup_key},
+        "cache_dir": str(tmp_path),
+        "keep_model": False,
+    }
+    run_task(task, lambda kind, payload: records.append(payload) if kind == "record" else None)
+    assert [r["status"] for r in records] == ["pass"]
+    assert not any(p.is_dir() for p in tmp_path.iterdir())
