@@ -41,6 +41,40 @@ def _keep_dynamo_out_of_the_runtime() -> None:
 
 
 _keep_dynamo_out_of_the_runtime()
+
+_meta_lib = None
+
+
+def _allow_float_grouped_mm_in_fake_tensors() -> None:
+    """torch's meta kernel of `_grouped_mm` copies CUDA's bf16-only check, so Dynamo's fake-tensor pass
+    rejects the float32 MoE expert matmul that CPU and tpu eager run fine (transformers picks
+    `_grouped_mm` for tpu; 63 of 64 compile failures of the 5,000-model run): compute the meta result
+    in bf16 and give it the real dtype. Installed where fake tensors look: the Python dispatcher's
+    `py_kernels`, the meta table and the Meta dispatch key."""
+    global _meta_lib
+    from torch._decomp import meta_table
+    from torch._meta_registrations import meta_grouped_mm
+
+    bf16 = torch.bfloat16
+    op = torch.ops.aten._grouped_mm.default
+
+    def meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+        if mat_a.dtype == mat_b.dtype and mat_a.dtype in (torch.float32, torch.float16):
+            cast = None if bias is None else bias.to(bf16)
+            out = meta_grouped_mm(mat_a.to(bf16), mat_b.to(bf16), offs, cast, bf16)
+            return out.to(out_dtype or mat_a.dtype)
+        return meta_grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
+
+    op.py_kernels[torch._C.DispatchKey.Meta] = meta
+    meta_table[op] = meta
+    _meta_lib = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point
+        _meta_lib.impl("_grouped_mm", meta, "Meta")
+    op._dispatch_cache.clear()
+
+
+_allow_float_grouped_mm_in_fake_tensors()
 _lock = threading.Lock()
 _RECOMPILE_WARN_AT = 8
 _UNUSABLE_DONATION = "Some donated buffers were not usable"
