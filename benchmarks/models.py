@@ -11,6 +11,7 @@ import torch
 
 from tests.hf_models import MODELS as TINY
 from tests.hf_models import build as build_tiny
+from tests.hf_models import tiny_unet
 
 SIZES = ("tiny", "small")
 
@@ -99,25 +100,7 @@ def small_vit():
 
 
 def small_unet():
-    from diffusers import UNet2DConditionModel
-
-    model = UNet2DConditionModel(
-        sample_size=32,
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(32, 64),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=64,
-        attention_head_dim=8,
-        norm_num_groups=16,
-    )
-    return model, {
-        "sample": torch.randn(2, 4, 32, 32),
-        "timestep": torch.tensor([10, 10]),
-        "encoder_hidden_states": torch.randn(2, 16, 64),
-    }
+    return tiny_unet(sample_size=32, batch=2, cross_attention_dim=64, tokens=16)
 
 
 SMALL = {

@@ -54,25 +54,26 @@ def tiny_t5():
     }
 
 
-def tiny_unet():
+def tiny_unet(sample_size: int = 16, batch: int = 1, cross_attention_dim: int = 32, tokens: int = 4):
+    """A 2-level UNet2DConditionModel (one cross-attention block each way); sizes for benchmarks."""
     from diffusers import UNet2DConditionModel
 
     model = UNet2DConditionModel(
-        sample_size=16,
+        sample_size=sample_size,
         in_channels=4,
         out_channels=4,
         layers_per_block=1,
         block_out_channels=(32, 64),
         down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
         up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
+        cross_attention_dim=cross_attention_dim,
         attention_head_dim=8,
         norm_num_groups=16,
     )
     return model, {
-        "sample": torch.randn(1, 4, 16, 16),
-        "timestep": torch.tensor([10]),
-        "encoder_hidden_states": torch.randn(1, 4, 32),
+        "sample": torch.randn(batch, 4, sample_size, sample_size),
+        "timestep": torch.tensor([10] * batch),
+        "encoder_hidden_states": torch.randn(batch, tokens, cross_attention_dim),
     }
 
 
