@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo opinfo bench bench-eager bench-modes bench-load bench-generate lint format
+.PHONY: install test test-all demo opinfo bench bench-eager bench-modes bench-load bench-generate bench-first-call lint format
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,13 +35,16 @@ bench-eager: install
 bench-modes: install
 	$(PY) benchmarks/bench_modes.py --out reports/bench
 
+bench-first-call: install
+	$(PY) benchmarks/bench_first_call.py --out reports/bench
+
 bench-load: install
 	$(PY) benchmarks/bench_load.py --out reports/bench
 
 bench-generate: install
 	$(PY) benchmarks/bench_generate.py --out reports/bench
 
-bench: bench-eager bench-modes bench-load bench-generate
+bench: bench-eager bench-modes bench-first-call bench-load bench-generate
 
 lint: install
 	$(PY) -m ruff format --check hf_tpu compat tests benchmarks

@@ -10,7 +10,9 @@ DeferAndFuse >= 2x faster than Strict with lower peak memory; compiled <= 0.7x t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -122,6 +124,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--modes", default=",".join(MODES))
     args = parser.parse_args(argv)
+    # first calls here compile from scratch: an empty persistent XLA cache (bench_first_call.py measures
+    # fresh processes with cold and warm caches); set before JAX initializes
+    os.environ["HF_TPU_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="hf_tpu_bench_modes_")
     modes = args.modes.split(",")
     sizes = args.sizes.split(",")
     rows = {}
@@ -155,7 +160,9 @@ def main(argv=None) -> int:
         )
     lines += [
         "",
-        "First call (s, includes compilation; inductor's cache is warm only for repeated shapes in this process):",
+        "First call in this process (s, includes compilation; hf_tpu's persistent XLA cache starts empty, "
+        "inductor's cache is warm only for shapes seen earlier in this process; see first_call.md for fresh "
+        "processes with cold and warm caches):",
         "",
         "| model | " + " | ".join(modes) + " |",
         "|---|" + "---:|" * len(modes),

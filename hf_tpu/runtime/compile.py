@@ -161,7 +161,7 @@ class GraphProgram:
         jnp = platform.jax().numpy
         env = {}
         args = iter(arrays)
-        key_iter = iter(keys)
+        key_iter = (rng.key_from(keys, i) for i in range(self.n_random))
 
         def fetch(a):
             if isinstance(a, torch.fx.Node):
@@ -214,8 +214,8 @@ class GraphProgram:
                 arrays.append(to_jax(a) if a.device.type == "tpu" else _host(a))
             else:
                 arrays.append(a)
-        sig = self._note_shapes(arrays)
-        keys = [rng.next_key() for _ in range(self.n_random)]
+        sig = self._note_shapes(args)
+        keys = rng.next_material(self.n_random) if self.n_random else None
         plan = self.donation_plan
         donated = self._donatable(args, arrays) if plan and _donate_enabled() else ()
         try:
@@ -303,9 +303,10 @@ class GraphProgram:
                 return [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in node.args[0]]
         return []
 
-    def _note_shapes(self, arrays) -> tuple:
+    def _note_shapes(self, args) -> tuple:
         """Track input signatures (warn once on a recompile storm); returns this call's."""
-        sig = tuple((a.shape, a.dtype) for a in arrays if hasattr(a, "shape"))  # cheap: runs every call
+        # runs every call: torch's C-level shape/dtype (a jax.Array's `.dtype` is a Python property)
+        sig = tuple((a.shape, a.dtype) for a in args if isinstance(a, torch.Tensor))
         if sig in self._shapes_seen:
             return sig
         self._shapes_seen.add(sig)

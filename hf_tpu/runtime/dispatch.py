@@ -162,11 +162,12 @@ def _prod(shape):
 
 
 class _Entry:
-    __slots__ = ("fn", "spec")
+    __slots__ = ("fn", "spec", "lazy_avals")
 
     def __init__(self, fn, spec):
         self.fn = fn
         self.spec = spec
+        self.lazy_avals = None  # output avals, filled by DeferAndFuse's first recording
 
 
 def _placeholder(value, kind):
@@ -369,10 +370,10 @@ class OpKernel:
             with self.lock:
                 self.cache[key] = entry
         if self.lowering.random:
-            leaves.insert(0, rng.next_key())
+            leaves.insert(0, rng.next_material())
         try:
             if lazy._enabled:
-                return lazy.call(entry.fn, leaves), entry.spec
+                return lazy.call(entry.fn, leaves, entry), entry.spec
             results = entry.fn(*leaves)
             platform.last_launched[0] = results
             if modes.launch_blocking():
@@ -424,7 +425,7 @@ class OpKernel:
 
         def call(*leaves):
             it = iter(leaves)
-            args = [next(it)] if is_random else []
+            args = [rng.key_from(next(it))] if is_random else []
             for v, h in zip(template, how):
                 if h is _LEAF:
                     args.append(next(it))

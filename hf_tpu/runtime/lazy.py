@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
-import weakref
 
 from hf_tpu.runtime import platform
 
@@ -28,16 +28,25 @@ if os.environ.get("HF_TPU_LOG"):
 MAX_OPS = int(os.environ.get("HF_TPU_DEFER_MAX_OPS", "4000"))
 
 
+def _trace_only_refs() -> int:
+    """What `sys.getrefcount` reports, in flush's liveness loop, for a value only the trace holds."""
+    values = [object()]
+    counts = [sys.getrefcount(v) for v in values]
+    return counts[0]
+
+
+_TRACE_ONLY_REFS = _trace_only_refs()
+
+
 class LazyValue:
     """A value the current trace will produce: shape and dtype known, data not yet computed."""
 
-    __slots__ = ("shape", "dtype", "node", "index", "trace", "concrete", "__weakref__")
+    __slots__ = ("shape", "dtype", "ref", "trace", "concrete", "__weakref__")
 
-    def __init__(self, shape, dtype, node, index, trace):
-        self.shape = tuple(shape)
+    def __init__(self, shape, dtype, ref, trace):
+        self.shape = shape  # a tuple
         self.dtype = dtype
-        self.node = node
-        self.index = index
+        self.ref = ref  # ("v", node, index): how the trace names this value
         self.trace = trace
         self.concrete = None
 
@@ -83,18 +92,21 @@ def _astype_fn(dtype):
 
 class Trace:
     def __init__(self) -> None:
-        self.ops: list = []  # (fn, arg refs, n_outputs, is_tuple)
+        self.ops: list = []  # (fn, arg refs, is_tuple)
+        self.key: list = []  # (id(fn), arg refs, is_tuple) per op: the structural part of the cache key
         self.inputs: list = []
         self.input_ids: dict = {}
-        self.values: list = []  # weakrefs to every LazyValue produced, by (node, index)
+        # every LazyValue produced, in (node, index) order; liveness is read from reference counts at
+        # flush time (cheaper than a weakref per output)
+        self.values: list = []
 
     def ref(self, arg):
-        if isinstance(arg, LazyValue):
+        if type(arg) is LazyValue:
             if arg.concrete is not None:
                 return self.ref(arg.concrete)
             if arg.trace is not self:
                 raise RuntimeError("hf_tpu: a lazy value from an older trace was not materialized")
-            return ("v", arg.node, arg.index)
+            return arg.ref
         if isinstance(arg, bool | int | float | complex):
             self.inputs.append(arg)
             return ("s", len(self.inputs) - 1, type(arg))
@@ -160,24 +172,38 @@ def _out_avals(fn, args):
     return avals
 
 
-def call(fn, args):
-    """Record `fn(*args)` in the current trace; returns LazyValue(s) shaped like fn's outputs."""
+def call(fn, args, holder=None, avals=None):
+    """Record `fn(*args)` in the current trace; returns LazyValue(s) shaped like fn's outputs.
+
+    Output shapes come from `avals` when the caller knows them ((is_tuple, container type,
+    [(shape, dtype), ...])), else from `holder` (an object with a `lazy_avals` slot whose inputs always
+    have the same shapes/dtypes, e.g. a kernel's cache entry), else from an abstract evaluation cached
+    per (fn, input shapes/dtypes).
+    """
     global _trace
+    if avals is None and holder is not None:
+        avals = holder.lazy_avals
+    if avals is None:
+        avals = _out_avals(fn, args)
+        if holder is not None:
+            holder.lazy_avals = avals
+    is_tuple, kind, out_avals = avals
     with _lock:
-        if _trace is None:
-            _trace = Trace()
         trace = _trace
-        is_tuple, kind, avals = _out_avals(fn, args)
-        refs = tuple(trace.ref(a) for a in args)
+        if trace is None:
+            trace = _trace = Trace()
+        refs = tuple([trace.ref(a) for a in args])
         node = len(trace.ops)
         trace.ops.append((fn, refs, is_tuple))
+        trace.key.append((id(fn), refs, is_tuple))
+        values = trace.values
         outs = []
-        for i, (shape, dtype) in enumerate(avals):
-            lv = LazyValue(shape, dtype, node, i, trace)
-            trace.values.append(((node, i), weakref.ref(lv)))
+        for i, (shape, dtype) in enumerate(out_avals):
+            lv = LazyValue(shape, dtype, ("v", node, i), trace)
+            values.append(lv)
             outs.append(lv)
         stats["ops"] += 1
-        too_long = len(trace.ops) >= MAX_OPS
+        too_long = node + 1 >= MAX_OPS
     if too_long:
         flush("graph size limit")
     if is_tuple:
@@ -232,17 +258,12 @@ def flush(reason: str = "explicit") -> None:
         from hf_tpu.runtime.storage import REGISTRY
 
         REGISTRY.sweep()
-        live = []
-        for (node, i), ref in trace.values:
-            lv = ref()
-            if lv is not None:
-                live.append(((node, i), lv))
-        outputs = tuple(k for k, _ in live)
-        key = (
-            tuple((id(fn), refs, is_tuple) for fn, refs, is_tuple in trace.ops),
-            tuple(_aval(a) for a in trace.inputs),
-            outputs,
-        )
+        # a value is live when something besides the trace's list (and getrefcount's argument and
+        # this loop's variable) holds it: a storage's payload, or the caller
+        live = [lv for lv in trace.values if sys.getrefcount(lv) > _TRACE_ONLY_REFS]
+        trace.values = None
+        outputs = tuple(lv.ref[1:] for lv in live)
+        key = (tuple(trace.key), tuple(_aval(a) for a in trace.inputs), outputs)
         program = _program_cache.get(key)
         hit = program is not None
         t0 = time.perf_counter()
@@ -256,9 +277,10 @@ def flush(reason: str = "explicit") -> None:
         stats["flushes"] += 1
         results = program(*trace.inputs)
         platform.last_launched[0] = results
-        for (_, lv), arr in zip(live, results):
+        for lv, arr in zip(live, results):
             lv.concrete = arr
-        _materialize_payloads()
+        del live
+        REGISTRY.materialize_pending()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "flush (%s): %d ops, %d inputs, %d outputs, cache %s, %.1f ms",
@@ -269,15 +291,6 @@ def flush(reason: str = "explicit") -> None:
                 "hit" if hit else "miss",
                 (time.perf_counter() - t0) * 1e3,
             )
-
-
-def _materialize_payloads() -> None:
-    from hf_tpu.runtime.storage import REGISTRY
-
-    for p in list(REGISTRY._payloads.values()):
-        a = p.array
-        if isinstance(a, LazyValue) and a.concrete is not None:
-            REGISTRY.store(p, a.concrete)
 
 
 def pending_ops() -> int:

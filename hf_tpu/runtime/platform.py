@@ -32,12 +32,60 @@ def requested_platform() -> str | None:
 
 @cache
 def jax():
-    """Import and configure JAX once: 64-bit types on (PyTorch semantics need int64/float64)."""
+    """Import and configure JAX once: 64-bit types on (PyTorch semantics need int64/float64), and the
+    persistent compilation cache."""
     with _lock:
         import jax as _jax
 
         _jax.config.update("jax_enable_x64", True)
+        configure_compilation_cache(_jax)
         return _jax
+
+
+_OFF = ("0", "off", "false", "no", "none")
+
+
+def compilation_cache_dir() -> str | None:
+    """Where compiled XLA executables persist across processes (None: not persisted).
+
+    `HF_TPU_COMPILATION_CACHE` names the folder, or turns the cache off with 0; by default it is
+    `$XDG_CACHE_HOME/hf_tpu/xla` (`~/.cache/hf_tpu/xla`), the way inductor keeps its own cache by
+    default. A folder the user gave JAX itself (`JAX_COMPILATION_CACHE_DIR`) wins.
+    """
+    setting = os.environ.get("HF_TPU_COMPILATION_CACHE", "").strip()
+    if setting.lower() in _OFF:
+        return None
+    if setting:
+        return os.path.expanduser(setting)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "hf_tpu", "xla")
+
+
+def configure_compilation_cache(j) -> None:
+    """Persist every executable (a new process then loads instead of recompiling: first-call time).
+
+    JAX caches only compiles slower than 1 s by default; eager executables take 10-100 ms each and a
+    model needs hundreds, so everything is kept (`HF_TPU_COMPILATION_CACHE_MIN_SECS` raises the bar).
+    The folder is capped at `HF_TPU_COMPILATION_CACHE_MAX_GB` (default 4; JAX evicts least recently used).
+    """
+    if j.config.jax_compilation_cache_dir:  # the user configured JAX's cache: leave it as it is
+        return
+    path = compilation_cache_dir()
+    if path is None:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError:
+        return  # read-only home etc.: run without a persistent cache
+    j.config.update("jax_compilation_cache_dir", path)
+    j.config.update(
+        "jax_persistent_cache_min_compile_time_secs",
+        float(os.environ.get("HF_TPU_COMPILATION_CACHE_MIN_SECS", "0")),
+    )
+    j.config.update(
+        "jax_compilation_cache_max_size",
+        int(float(os.environ.get("HF_TPU_COMPILATION_CACHE_MAX_GB", "4")) * (1 << 30)),
+    )
 
 
 @cache

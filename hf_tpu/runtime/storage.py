@@ -61,6 +61,9 @@ class StorageRegistry:
         self._bytes_since_sweep = 0
         self.allocated = 0
         self.peak = 0
+        # pointers of payloads that were given a pending LazyValue (materialized at the next flush);
+        # pointers, not payloads, so a storage that dies before the flush does not keep its value live
+        self._pending: list[int] = []
 
     # -- allocation -------------------------------------------------------------------------------
     def _reserve(self, nbytes: int, array) -> tuple[int, bool]:
@@ -88,6 +91,8 @@ class StorageRegistry:
             self.sweep()
         storage = _construct(ptr, DEVICE, nbytes)
         self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, _is_buffer(array))
+        if type(array) is LazyValue:
+            self._pending.append(ptr)
         return storage
 
     def adopt(
@@ -103,17 +108,33 @@ class StorageRegistry:
             self.sweep()
         storage._swap_data_ptr_(_construct(ptr, DEVICE, nbytes))
         self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, _is_buffer(array))
+        if type(array) is LazyValue:
+            self._pending.append(ptr)
+
+    def materialize_pending(self) -> None:
+        """After a flush: payloads whose LazyValue was computed now hold the array itself."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for ptr in pending:
+            p = self._payloads.get(ptr)
+            if p is not None and type(p.array) is LazyValue and p.array.concrete is not None:
+                self.store(p, p.array.concrete)
 
     def payload(self, ptr: int) -> Payload | None:
         return self._payloads.get(ptr)
 
     def set_array(self, ptr: int, array) -> None:
-        self.store(self._payloads[ptr], array)
+        self.store(self._payloads[ptr], array, ptr)
 
-    def store(self, p: Payload, array) -> None:
+    def store(self, p: Payload, array, ptr: int | None = None) -> None:
         """Make `array` the payload's value; its bytes count once a real buffer backs the storage
-        (DeferAndFuse values that die before a flush never occupy device memory)."""
-        if not p.counted and _is_buffer(array):
+        (DeferAndFuse values that die before a flush never occupy device memory). A pending
+        LazyValue needs `ptr`, the storage's pointer, so the next flush can materialize it."""
+        if type(array) is LazyValue:
+            if ptr is None:
+                raise ValueError("storing a pending LazyValue needs the storage pointer")
+            self._pending.append(ptr)
+        elif not p.counted and array is not None:
             with self._lock:
                 p.counted = True
                 self.allocated += p.nbytes

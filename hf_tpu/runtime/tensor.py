@@ -12,6 +12,7 @@ from hf_tpu.runtime.dtypes import UnsupportedDtypeError, to_jax_dtype, to_torch_
 from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.memory import check_capacity
 from hf_tpu.runtime.storage import REGISTRY
+from hf_tpu.runtime.strided import box_plan, read_box, write_box
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
@@ -132,9 +133,10 @@ def to_jax_lazy(t: torch.Tensor):
     if dtype == p.dtype:
         if offset == 0 and shape == p.shape and t.is_contiguous():
             return p.array
+        shape = tuple(shape)
         if t.is_contiguous():
-            return _call(_read_contiguous(p.shape, tuple(shape)), p.array, offset)
-        return _call(_read_strided(p.shape, tuple(shape), t.stride()), p.array, offset)
+            return _call(_read_contiguous(p.shape, shape), p.array, offset, shape=shape)
+        return _call(_read_strided(p.shape, shape, t.stride()), p.array, offset, shape=shape)
     return _call(_read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), dtype), p.array, offset)
 
 
@@ -156,11 +158,34 @@ def _resolve_lazy_bits(t: torch.Tensor):
     return value
 
 
-def _call(fn, *args):
-    """Run a jitted view kernel now, or record it (DeferAndFuse, or a still-pending argument)."""
+def _call(fn, *args, shape: tuple | None = None):
+    """Run a jitted view kernel now, or record it (DeferAndFuse, or a still-pending argument).
+
+    `shape`: the result's shape when its dtype is the base's (reads and writes through same-dtype
+    views), so a recording needs no abstract evaluation.
+    """
     if lazy._enabled or type(args[0]) is LazyValue or type(args[1]) is LazyValue:
+        # recorded: the offset becomes a constant of the fused program (XLA turns the dynamic slice
+        # into a static one, which fuses; a traced offset would also be one more program input)
+        fn = _at_offset(fn, args[-1])
+        args = args[:-1]
+        if shape is not None:
+            return lazy.call(fn, args, avals=(False, None, ((shape, args[0].dtype),)))
         return lazy.call(fn, args)
     return fn(*args)
+
+
+_offset_fns: dict = {}
+
+
+def _at_offset(fn, offset: int):
+    """`fn` (a view kernel taking the storage offset last) with `offset` fixed, cached."""
+    key = (fn, offset)
+    fixed = _offset_fns.get(key)
+    if fixed is None:
+        jax = platform.jax()
+        fixed = _offset_fns[key] = jax.jit(lambda *args: fn(*args, offset))
+    return fixed
 
 
 def write(t: torch.Tensor, value) -> None:
@@ -177,9 +202,10 @@ def write(t: torch.Tensor, value) -> None:
             return
         base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
         if t.is_contiguous():
-            REGISTRY.set_array(ptr, _call(_write_contiguous(p.shape, shape), base, value, offset))
+            put = _write_contiguous(p.shape, shape)
         else:
-            REGISTRY.set_array(ptr, _call(_write_strided(p.shape, shape, t.stride()), base, value, offset))
+            put = _write_strided(p.shape, shape, t.stride())
+        REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=p.shape))
         return
     base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
     REGISTRY.set_array(
@@ -216,8 +242,11 @@ def _read_contiguous(base_shape, shape):
 @cache
 def _read_strided(base_shape, shape, stride):
     jax = platform.jax()
+    plan = box_plan(shape, stride)
 
     def read(base, offset):
+        if plan is not None:  # slices/transposes (almost every view): see strided.py
+            return read_box(jax, base, offset, shape, plan)
         return base.reshape(-1)[_flat_index(shape, stride, offset)]
 
     return jax.jit(read)
@@ -237,8 +266,11 @@ def _write_contiguous(base_shape, shape):
 @cache
 def _write_strided(base_shape, shape, stride):
     jax = platform.jax()
+    plan = box_plan(shape, stride, for_write=True)
 
     def put(base, value, offset):
+        if plan is not None:
+            return write_box(jax, base, value, offset, plan)
         flat = base.reshape(-1)
         return flat.at[_flat_index(shape, stride, offset)].set(value).reshape(base_shape)
 
