@@ -66,7 +66,8 @@ def configure_compilation_cache(j) -> None:
 
     JAX caches only compiles slower than 1 s by default; eager executables take 10-100 ms each and a
     model needs hundreds, so everything is kept (`HF_TPU_COMPILATION_CACHE_MIN_SECS` raises the bar).
-    The folder is capped at `HF_TPU_COMPILATION_CACHE_MAX_GB` (default 4; JAX evicts least recently used).
+    The folder is capped at `HF_TPU_COMPILATION_CACHE_MAX_GB` (default 4) by pruning the oldest entries
+    once per process, in the background: JAX's own size cap re-lists the whole folder on every write.
     """
     if j.config.jax_compilation_cache_dir:  # the user configured JAX's cache: leave it as it is
         return
@@ -82,10 +83,38 @@ def configure_compilation_cache(j) -> None:
         "jax_persistent_cache_min_compile_time_secs",
         float(os.environ.get("HF_TPU_COMPILATION_CACHE_MIN_SECS", "0")),
     )
-    j.config.update(
-        "jax_compilation_cache_max_size",
-        int(float(os.environ.get("HF_TPU_COMPILATION_CACHE_MAX_GB", "4")) * (1 << 30)),
-    )
+    limit = int(float(os.environ.get("HF_TPU_COMPILATION_CACHE_MAX_GB", "4")) * (1 << 30))
+    threading.Thread(target=prune_cache, args=(path, limit), name="hf_tpu-cache-prune", daemon=True).start()
+
+
+def prune_cache(path: str, limit_bytes: int) -> int:
+    """Delete the least recently modified entries until the folder holds at most 80% of `limit_bytes`
+    (when it holds more than the limit); returns how many were deleted."""
+    try:
+        entries = []
+        total = 0
+        with os.scandir(path) as it:
+            for e in it:
+                if e.is_file(follow_symlinks=False):
+                    st = e.stat(follow_symlinks=False)
+                    entries.append((st.st_mtime, st.st_size, e.path))
+                    total += st.st_size
+        if total <= limit_bytes:
+            return 0
+        entries.sort()
+        removed = 0
+        for _, size, file in entries:
+            if total <= limit_bytes * 0.8:
+                break
+            try:
+                os.remove(file)
+            except OSError:
+                continue
+            total -= size
+            removed += 1
+        return removed
+    except OSError:
+        return 0
 
 
 @cache

@@ -79,3 +79,16 @@ def test_default_folder_follows_xdg_and_a_jax_setting_wins(tmp_path):
     mine = tmp_path / "mine"
     out = _run({"HF_TPU_COMPILATION_CACHE": "", "JAX_COMPILATION_CACHE_DIR": str(mine)})
     assert out["dir"] == str(mine)
+
+
+def test_prune_keeps_the_folder_under_its_cap(tmp_path):
+    from hf_tpu.runtime.platform import prune_cache
+
+    for i in range(10):
+        f = tmp_path / f"entry{i}-cache"
+        f.write_bytes(b"x" * 1000)
+        os.utime(f, (1000 + i, 1000 + i))
+    assert prune_cache(str(tmp_path), 20_000) == 0  # under the cap: untouched
+    removed = prune_cache(str(tmp_path), 5_000)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert removed == 6 and left == [f"entry{i}-cache" for i in range(6, 10)]  # oldest went first
