@@ -29,11 +29,18 @@ def time_call(fn: Callable[[], object], device: str) -> float:
 
 
 def interleaved(
-    cases: dict[str, tuple[Callable[[], object], str]], rounds: int, warmup: int = 2, block: int = 4
+    cases: dict[str, tuple[Callable[[], object], str]],
+    rounds: int,
+    warmup: int = 2,
+    block: int = 8,
+    settle: int = 3,
 ) -> dict:
-    """Median seconds per case; modes alternate in blocks (A A A A B B B B A ...) so machine noise hits
-    them alike (DESIGN §3.5). The first call of each block is not counted: on 2 cores, the previous
-    case's worker threads (torch's OpenMP pool, XLA's Eigen pool) are still spinning or asleep then."""
+    """Median seconds per case; modes alternate in blocks (A*8 B*8 A*8 ...) so machine noise hits them
+    alike (DESIGN §3.5). The first `settle` calls of each block are not counted: on 2 cores, right
+    after a switch the previous case's worker threads (torch's OpenMP pool, XLA's Eigen pool) are
+    still spinning while the new case's are waking up, which costs each mode up to ~2x for 2-4 calls
+    (measured: a tiny compiled BERT takes 0.69, 0.36, 0.32, 0.31, 0.26 ms after a torch eager block).
+    That is an artifact of interleaving, not of either mode's steady state."""
     first = {}
     for name, (fn, device) in cases.items():
         first[name] = time_call(fn, device)
@@ -42,8 +49,9 @@ def interleaved(
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, (fn, device) in cases.items():
-            time_call(fn, device)
-            samples[name].extend(time_call(fn, device) for _ in range(block - 1))
+            for _ in range(settle):
+                time_call(fn, device)
+            samples[name].extend(time_call(fn, device) for _ in range(block - settle))
     return {
         name: {
             "median_s": statistics.median(s),
