@@ -61,10 +61,11 @@ def register() -> None:
         fallback_lib = torch.library.Library("_", "IMPL")
         fallback_lib.fallback(dispatch.fallback, "PrivateUse1")
         _libs.append(fallback_lib)
-        from hf_tpu.runtime import accelerator_api, printing
+        from hf_tpu.runtime import accelerator_api, pinned, printing
 
         accelerator_api.install()
         printing.install()
+        pinned.install()
         _registered = True
     from hf_tpu.runtime import upstream_caches
 
