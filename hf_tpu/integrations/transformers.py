@@ -15,9 +15,9 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
 - a dtype the platform cannot hold (float64 on TPU, formats XLA lacks) fails before any weight is read.
 - the compiled decode step degrades to eager with a one-time warning if the compile path fails.
 - `Trainer` (with accelerate's `PartialState` now picking tpu, see `accelerate.py`): `dataloader_pin_memory`
-  is turned off on tpu (pinned host memory is a CUDA notion; the tpu device has no pinned allocator), as
-  transformers does for `use_cpu`; the default `adamw_torch_fused` becomes `adamw_torch` while the runtime
-  has no `_fused_adamw_` kernel.
+  is turned off on tpu (pinning is a no-op there, see runtime/pinned.py: no pinning thread is needed), as
+  transformers does for `use_cpu`; the default `adamw_torch_fused` runs the runtime's `_fused_adamw_`
+  (it becomes `adamw_torch` only on a runtime without that kernel).
 - testing_utils' memory tables point at `torch.tpu`, and its device count is 1 (tests address devices by
   index; every chip is behind `tpu:0`).
 """

@@ -64,5 +64,6 @@ def test_trainer_runs_on_tpu_and_matches_cpu(tmp_path):
 def test_training_arguments_on_tpu(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
     assert args.device.type == "tpu"
-    assert args.dataloader_pin_memory is False  # the tpu device has no pinned host allocator
+    assert args.dataloader_pin_memory is False  # pinning is a no-op on tpu: no pinning thread
+    assert str(getattr(args.optim, "value", args.optim)) == "adamw_torch_fused"  # runs aten::_fused_adamw_
     assert TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True).device.type == "cpu"
