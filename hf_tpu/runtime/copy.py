@@ -33,11 +33,20 @@ def host_to_jax(t: torch.Tensor):
     to_jax_dtype(t.dtype)  # clear error for unsupported dtypes
     if t.dtype in _HOST_ONLY_DTYPES:
         _check_platform_dtype(t.dtype)
+    if t.numel() == 0:  # transformers' caches start from `torch.tensor([])` every forward
+        return _empty(tuple(t.shape), t.dtype)
     array = numpy_from_torch(t.contiguous() if not t.is_contiguous() else t)
     device = platform.default_device()
     if device.platform == "cpu":
         array = np.array(array, copy=True)
     return jax.device_put(array, device)
+
+
+@cache
+def _empty(shape: tuple, dtype: torch.dtype):
+    """One device array per empty (shape, dtype): it holds no data, and arrays are immutable."""
+    jax = platform.jax()
+    return jax.device_put(np.zeros(shape, dtype=to_jax_dtype(dtype)), platform.default_device())
 
 
 def jax_to_host(a) -> torch.Tensor:
