@@ -92,3 +92,16 @@ def test_prune_keeps_the_folder_under_its_cap(tmp_path):
     removed = prune_cache(str(tmp_path), 5_000)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert removed == 6 and left == [f"entry{i}-cache" for i in range(6, 10)]  # oldest went first
+
+
+def test_prune_runs_at_most_once_a_day(tmp_path):
+    from hf_tpu.runtime import platform
+
+    for i in range(4):
+        (tmp_path / f"e{i}-cache").write_bytes(b"x" * 1000)
+    platform._prune_daily(str(tmp_path), 2_000)  # over the cap: pruned, stamp written
+    assert len(list(tmp_path.glob("*-cache"))) <= 1
+    for i in range(4, 8):
+        (tmp_path / f"e{i}-cache").write_bytes(b"x" * 1000)
+    platform._prune_daily(str(tmp_path), 2_000)  # stamp is fresh: left alone until tomorrow
+    assert len(list(tmp_path.glob("*-cache"))) >= 4
