@@ -39,24 +39,79 @@ def _repeat_kv(q, k, v):
     return jnp.repeat(k, groups, axis=-3), jnp.repeat(v, groups, axis=-3)
 
 
-def _scores(q, k, bias, is_causal, scale):
-    """Scaled, masked logits in float32 (or float64): (..., L, S)."""
+def _scores(q, k, bias, is_causal, scale, row0=0):
+    """Scaled, masked logits in float32 (or float64): (..., L, S); query row i is row `row0 + i`."""
     acc = jnp.float32 if q.dtype in _HALF else q.dtype
     qa, ka = operands(q, k)
     s = jnp.einsum("...le,...se->...ls", qa, ka, precision=precision(), preferred_element_type=acc)
     s = s * jnp.asarray(scale, acc)
-    if is_causal:
+    if is_causal:  # top-left aligned, as PyTorch's tril(ones(L, S))
         lq, lk = s.shape[-2], s.shape[-1]
-        s = jnp.where(jnp.tril(jnp.ones((lq, lk), jnp.bool_)), s, -jnp.inf)
+        keep = (row0 + jnp.arange(lq))[:, None] >= jnp.arange(lk)[None, :]
+        s = jnp.where(keep, s, -jnp.inf)
     if bias is not None:
         s = jnp.where(bias, s, -jnp.inf) if bias.dtype == jnp.bool_ else s + bias.astype(acc)
     return s
 
 
+# Long sequences on the CPU platform: queries in blocks whose (block, S) logits fit ~8 MB, one block at a
+# time (`lax.map`), so the softmax works in cache instead of streaming an (L, S) matrix through memory
+# several times. Same math and bit-identical results; 2,4x1024x1024 attention: 25 ms -> 3.6 ms (torch
+# CPU: 5.3 ms). Not used with dropout (its mask is drawn over the whole matrix) nor on TPU/GPU, where
+# it was not measured.
+_BLOCKED_MIN_BYTES = 16 << 20
+_BLOCK_TARGET_BYTES = 8 << 20
+
+
+def _row_block(q, k, dropout_p) -> int | None:
+    """Rows per block for blocked attention, or None for the one-shot path."""
+    if dropout_p > 0 or q.ndim < 2 or _platform_name() != "cpu":
+        return None
+    rows, keys = q.shape[-2], k.shape[-2]
+    batch = math.prod(q.shape[:-2])
+    logits_bytes = batch * rows * keys * 4
+    if logits_bytes < _BLOCKED_MIN_BYTES:
+        return None
+    block = 1 << max(4, int(math.log2(max(1, _BLOCK_TARGET_BYTES // (batch * keys * 4)))))
+    while block >= 16 and rows % block:
+        block //= 2
+    return block if 16 <= block < rows else None
+
+
+def _platform_name() -> str:
+    from hf_tpu.runtime import platform
+
+    return platform.platform_name()
+
+
 def _attention(q, k, v, bias, dropout_key, dropout_p, is_causal, scale):
     """(output in the input dtype, logsumexp in float32); rows with every key masked give 0."""
     k, v = _repeat_kv(q, k, v)
-    s = _scores(q, k, bias, is_causal, scale)
+    block = _row_block(q, k, dropout_p if dropout_key is not None else 0.0)
+    if block is not None:
+        return _blocked_attention(q, k, v, bias, is_causal, scale, block)
+    return _attend(q, k, v, bias, dropout_key, dropout_p, is_causal, scale)
+
+
+def _blocked_attention(q, k, v, bias, is_causal, scale, block):
+    rows = q.shape[-2]
+    per_row_bias = bias is not None and bias.ndim >= 2 and bias.shape[-2] == rows and rows > 1
+
+    def one(i):
+        start = i * block
+        qb = jax.lax.dynamic_slice_in_dim(q, start, block, axis=q.ndim - 2)
+        bb = jax.lax.dynamic_slice_in_dim(bias, start, block, axis=bias.ndim - 2) if per_row_bias else bias
+        return _attend(qb, k, v, bb, None, 0.0, is_causal, scale, row0=start)
+
+    outs, lses = jax.lax.map(one, jnp.arange(rows // block))
+    out = jnp.moveaxis(outs, 0, -3).reshape(q.shape[:-2] + (rows, v.shape[-1]))
+    lse = jnp.moveaxis(lses, 0, -2).reshape(q.shape[:-2] + (rows,))
+    return out, lse
+
+
+def _attend(q, k, v, bias, dropout_key, dropout_p, is_causal, scale, row0=0):
+    """Attention of these query rows (the first one being row `row0` of the whole matrix)."""
+    s = _scores(q, k, bias, is_causal, scale, row0)
     row_max = jnp.max(s, axis=-1, keepdims=True)
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0)
     e = jnp.exp(s - row_max)
