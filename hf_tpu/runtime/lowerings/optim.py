@@ -23,6 +23,14 @@ from hf_tpu.runtime.lowerings.elementwise import opmath
 from hf_tpu.runtime.tensor import to_jax_lazy, write
 
 
+def _gradient(g, ct, grad_scale, maximize):
+    """(the gradient the step uses, the unscaled gradient written back) in compute type `ct`."""
+    g = g.astype(ct)
+    if grad_scale is not None:
+        g = g / grad_scale.astype(ct)
+    return (-g if maximize else g), g
+
+
 def _skip_if_inf(found_inf, new, old):
     if found_inf is None:
         return new
@@ -39,12 +47,8 @@ def adam_math(
     outs = ([], [], [], [], [])
     for i, (p, g, m, v) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs)):
         ct = opmath(p.dtype)
-        pf, gf, mf, vf = (x.astype(ct) for x in (p, g, m, v))
-        if grad_scale is not None:
-            gf = gf / grad_scale.astype(ct)
-        g_store = gf
-        if maximize:
-            gf = -gf
+        pf, mf, vf = (x.astype(ct) for x in (p, m, v))
+        gf, g_store = _gradient(g, ct, grad_scale, maximize)
         if has_decay:
             if decoupled:
                 pf = pf * (1 - lr * weight_decay)
@@ -83,12 +87,8 @@ def sgd_math(
     outs = ([], [], [])
     for i, (p, g) in enumerate(zip(params, grads)):
         ct = opmath(p.dtype)
-        pf, gf = p.astype(ct), g.astype(ct)
-        if grad_scale is not None:
-            gf = gf / grad_scale.astype(ct)
-        g_store = gf
-        if maximize:
-            gf = -gf
+        pf = p.astype(ct)
+        gf, g_store = _gradient(g, ct, grad_scale, maximize)
         if has_decay:
             gf = gf + weight_decay * pf
         if has_momentum:
