@@ -897,3 +897,18 @@ def test_clip_grad_norm_matches_cpu():
         norm = torch.nn.utils.clip_grad_norm_(ps, max_norm=1.0)
         results.append([norm, *(p.grad for p in ps)])
     assert_same(results[1], results[0])
+
+
+def test_foreach_mm_matches_cpu_in_one_executable():
+    from hf_tpu.runtime import lazy
+
+    torch.manual_seed(0)
+    a = [torch.randn(3, 4), torch.randn(5, 2), torch.randn(1, 8)]
+    b = [torch.randn(4, 6), torch.randn(2, 7), torch.randn(8, 1)]
+    want = torch._foreach_mm(a, b)
+    with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        before = lazy.stats["ops"]
+        got = torch._foreach_mm([x.to("tpu") for x in a], [x.to("tpu") for x in b])
+        assert lazy.stats["ops"] - before == 1  # the whole list is one recorded executable
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, rtol=1e-5, atol=1e-5)

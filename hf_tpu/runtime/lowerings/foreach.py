@@ -27,7 +27,10 @@ from hf_tpu.runtime.dtypes import to_jax_dtype
 from hf_tpu.runtime.lowering_table import TABLE, lowers
 from hf_tpu.runtime.lowerings import comparisons as cmp
 from hf_tpu.runtime.lowerings import elementwise as ew
-from hf_tpu.runtime.lowerings import special  # noqa: F401 - registers lgamma, used below
+from hf_tpu.runtime.lowerings import (
+    linalg,  # noqa: F401 - registers mm, used below
+    special,  # noqa: F401 - registers lgamma, used below
+)
 from hf_tpu.runtime.lowerings.elementwise import opmath
 from hf_tpu.runtime.tensor import to_jax_lazy, wrap, write
 
@@ -40,6 +43,11 @@ _UNARY = (
 def _unary(name: str):
     """The element-wise lowering of aten::<name> (registered by elementwise.py)."""
     return TABLE[getattr(torch.ops.aten, name).default].fn
+
+
+def _matmul(a, b):
+    """aten::mm's own lowering (same precision rules as a lone matmul)."""
+    return TABLE[torch.ops.aten.mm.default].fn(a, b)
 
 
 def _norm(x, ord=2, dtype=None):  # noqa: A002 - schema name
@@ -76,6 +84,7 @@ _ELEMENT: dict[str, tuple] = {
     "copy": (lambda x, src, non_blocking=False: jnp.broadcast_to(src, x.shape), ()),
     "norm": (_norm, ("ord",)),
     "max": (jnp.max, ()),
+    "mm": (lambda a, b: _matmul(a, b), ()),
     **{name: (_unary(name), ()) for name in _UNARY},
 }
 
