@@ -23,7 +23,6 @@ from torch._dynamo.backends.common import aot_autograd
 
 from hf_tpu.runtime import platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
-from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.lowering_table import graph_lowering
 from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.tensor import to_jax, wrap
@@ -210,28 +209,9 @@ class GraphProgram:
         if self._jitted is None:
             self._jitted = jax.jit(self.interpret)
         arrays = []
-        payloads = REGISTRY._payloads
         for a in args:
             if isinstance(a, torch.Tensor):
-                if a.is_cpu:
-                    arrays.append(_host(a))
-                    continue
-                # fast path (runs for every parameter, every call): a whole, computed storage
-                p = payloads.get(a.untyped_storage().data_ptr())
-                if (
-                    p is not None
-                    and type(p.array) is not LazyValue
-                    and p.array is not None
-                    and a.dtype == p.dtype
-                    and a.storage_offset() == 0
-                    and a.shape == p.shape
-                    and a.is_contiguous()
-                    and not a.is_conj()
-                    and not a.is_neg()
-                ):
-                    arrays.append(p.array)
-                else:
-                    arrays.append(to_jax(a))
+                arrays.append(_host(a) if a.is_cpu else to_jax(a))
             else:
                 arrays.append(a)
         sig = self._note_shapes(args)

@@ -50,8 +50,6 @@ def _empty(shape: tuple, dtype: torch.dtype):
 
 
 def jax_to_host(a) -> torch.Tensor:
-    import numpy as np
-
     return torch_from_numpy(np.asarray(a))
 
 

@@ -41,7 +41,7 @@ _TRACE_ONLY_REFS = _trace_only_refs()
 class LazyValue:
     """A value the current trace will produce: shape and dtype known, data not yet computed."""
 
-    __slots__ = ("shape", "dtype", "ref", "trace", "concrete", "__weakref__")
+    __slots__ = ("shape", "dtype", "ref", "trace", "concrete")
 
     def __init__(self, shape, dtype, ref, trace):
         self.shape = shape  # a tuple
@@ -93,7 +93,6 @@ def _astype_fn(dtype):
 class Trace:
     def __init__(self) -> None:
         self.ops: list = []  # (fn, arg refs, is_tuple)
-        self.key: list = []  # (id(fn), arg refs, is_tuple) per op: the structural part of the cache key
         self.inputs: list = []
         self.input_ids: dict = {}
         # every LazyValue produced, in (node, index) order; liveness is read from reference counts at
@@ -195,7 +194,6 @@ def call(fn, args, holder=None, avals=None):
         refs = tuple([trace.ref(a) for a in args])
         node = len(trace.ops)
         trace.ops.append((fn, refs, is_tuple))
-        trace.key.append((id(fn), refs, is_tuple))
         values = trace.values
         outs = []
         for i, (shape, dtype) in enumerate(out_avals):
@@ -263,7 +261,11 @@ def flush(reason: str = "explicit") -> None:
         live = [lv for lv in trace.values if sys.getrefcount(lv) > _TRACE_ONLY_REFS]
         trace.values = None
         outputs = tuple(lv.ref[1:] for lv in live)
-        key = (tuple(trace.key), tuple(_aval(a) for a in trace.inputs), outputs)
+        key = (
+            tuple((id(fn), refs, is_tuple) for fn, refs, is_tuple in trace.ops),
+            tuple(_aval(a) for a in trace.inputs),
+            outputs,
+        )
         program = _program_cache.get(key)
         hit = program is not None
         t0 = time.perf_counter()

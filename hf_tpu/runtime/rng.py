@@ -15,6 +15,7 @@ import struct
 import threading
 from functools import cache
 
+import numpy as np
 import torch
 
 from hf_tpu.runtime import platform
@@ -35,8 +36,6 @@ class DevicePRNG:
 
     def next_material(self, count: int = 1):
         """Key material for `count` consecutive draws (offsets offset .. offset+count-1)."""
-        import numpy as np
-
         with self.lock:
             seed, offset = self.seed, self.offset
             self.offset += count

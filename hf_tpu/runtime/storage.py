@@ -66,14 +66,14 @@ class StorageRegistry:
         self._pending: list[int] = []
 
     # -- allocation -------------------------------------------------------------------------------
-    def _reserve(self, nbytes: int, array) -> tuple[int, bool]:
+    def _reserve(self, nbytes: int, counted: bool) -> tuple[int, bool]:
         """A fresh unique fake pointer for `nbytes` (and the accounting); True when a sweep is due."""
         with self._lock:
             ptr = self._next_ptr
             self._next_ptr += (nbytes + _ALIGN) // _ALIGN * _ALIGN
             self._since_sweep += 1
             self._bytes_since_sweep += nbytes
-            if _is_buffer(array):
+            if counted:
                 self.allocated += nbytes
                 if self.allocated > self.peak:
                     self.peak = self.allocated
@@ -86,11 +86,12 @@ class StorageRegistry:
 
     def new_storage(self, nbytes: int, shape: tuple, dtype: torch.dtype, array=None) -> torch.UntypedStorage:
         """A storage with a fresh unique fake pointer; `array` (if given) is its payload already."""
-        ptr, sweep = self._reserve(nbytes, array)
+        counted = _is_buffer(array)
+        ptr, sweep = self._reserve(nbytes, counted)
         if sweep:
             self.sweep()
         storage = _construct(ptr, DEVICE, nbytes)
-        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, _is_buffer(array))
+        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, counted)
         if type(array) is LazyValue:
             self._pending.append(ptr)
         return storage
@@ -103,11 +104,12 @@ class StorageRegistry:
         Cheaper than building a storage and `set_`-ing it into the tensor (a boxed redispatch), which
         matters because this runs once per op output.
         """
-        ptr, sweep = self._reserve(nbytes, array)
+        counted = _is_buffer(array)
+        ptr, sweep = self._reserve(nbytes, counted)
         if sweep:
             self.sweep()
         storage._swap_data_ptr_(_construct(ptr, DEVICE, nbytes))
-        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, _is_buffer(array))
+        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, counted)
         if type(array) is LazyValue:
             self._pending.append(ptr)
 
@@ -124,17 +126,14 @@ class StorageRegistry:
         return self._payloads.get(ptr)
 
     def set_array(self, ptr: int, array) -> None:
-        self.store(self._payloads[ptr], array, ptr)
-
-    def store(self, p: Payload, array, ptr: int | None = None) -> None:
-        """Make `array` the payload's value; its bytes count once a real buffer backs the storage
-        (DeferAndFuse values that die before a flush never occupy device memory). A pending
-        LazyValue needs `ptr`, the storage's pointer, so the next flush can materialize it."""
         if type(array) is LazyValue:
-            if ptr is None:
-                raise ValueError("storing a pending LazyValue needs the storage pointer")
             self._pending.append(ptr)
-        elif not p.counted and array is not None:
+        self.store(self._payloads[ptr], array)
+
+    def store(self, p: Payload, array) -> None:
+        """Make `array` the payload's value; its bytes count once a real buffer backs the storage
+        (DeferAndFuse values that die before a flush never occupy device memory)."""
+        if not p.counted and _is_buffer(array):
             with self._lock:
                 p.counted = True
                 self.allocated += p.nbytes

@@ -54,21 +54,29 @@ def test_fused_step_matches_cpu(name):
             torch.testing.assert_close(s_dev[key].cpu(), v, rtol=1e-5, atol=1e-6, msg=f"{name}: state {key}")
 
 
-def test_lr_schedule_does_not_recompile_and_tensor_lr_works():
+@pytest.mark.parametrize("tensor_lr", [False, True], ids=["float_lr", "tensor_lr"])
+def test_lr_schedule_does_not_recompile(tensor_lr):
     from hf_tpu.runtime.lowering_table import TABLE
+    from hf_tpu.runtime.registration import ensure_kernels
 
+    ensure_kernels()
+    op = torch.ops.aten._fused_adamw_.tensor_lr if tensor_lr else torch.ops.aten._fused_adamw_.default
+    cache = TABLE[op].fn.cache
     cpu, dev = _model_pair()
-    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=torch.tensor(1e-2), fused=True)
-    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-2, fused=True)
+    lr_cpu = torch.tensor(1e-2) if tensor_lr else 1e-2
+    lr_dev = torch.tensor(1e-2, device="tpu") if tensor_lr else 1e-2
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=lr_cpu, fused=True)
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=lr_dev, fused=True)
     sched_dev = torch.optim.lr_scheduler.StepLR(opt_dev, step_size=1, gamma=0.5)
     sched_cpu = torch.optim.lr_scheduler.StepLR(opt_cpu, step_size=1, gamma=0.5)
-    kernel = TABLE[torch.ops.aten._fused_adamw_.default].fn
+    sizes = []
     for _ in range(3):
         _train(dev, opt_dev, "tpu", steps=1)
         _train(cpu, opt_cpu, "cpu", steps=1)
         sched_dev.step()
         sched_cpu.step()
-    del kernel
+        sizes.append(len(cache))
+    assert sizes[0] >= 1 and sizes[-1] == sizes[0], sizes  # new learning rates, same executable
     for p_cpu, p_dev in zip(cpu.parameters(), dev.parameters()):
         torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-5, atol=1e-6)
 

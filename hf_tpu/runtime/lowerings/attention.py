@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import torch
 from torch.nn.attention import SDPBackend
 
-from hf_tpu.runtime import lazy, rng
+from hf_tpu.runtime import lazy, platform, rng
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.linalg import operands, precision
 from hf_tpu.runtime.tensor import to_jax_lazy, wrap
@@ -65,7 +65,7 @@ _BLOCK_TARGET_BYTES = 8 << 20
 
 def _row_block(q, k, dropout_p) -> int | None:
     """Rows per block for blocked attention, or None for the one-shot path."""
-    if dropout_p > 0 or q.ndim < 2 or _platform_name() != "cpu":
+    if dropout_p > 0 or q.ndim < 2 or platform.platform_name() != "cpu":
         return None
     rows, keys = q.shape[-2], k.shape[-2]
     batch = math.prod(q.shape[:-2])
@@ -76,12 +76,6 @@ def _row_block(q, k, dropout_p) -> int | None:
     while block >= 16 and rows % block:
         block //= 2
     return block if 16 <= block < rows else None
-
-
-def _platform_name() -> str:
-    from hf_tpu.runtime import platform
-
-    return platform.platform_name()
 
 
 def _attention(q, k, v, bias, dropout_key, dropout_p, is_causal, scale):

@@ -45,11 +45,6 @@ def _unary(name: str):
     return TABLE[getattr(torch.ops.aten, name).default].fn
 
 
-def _matmul(a, b):
-    """aten::mm's own lowering (same precision rules as a lone matmul)."""
-    return TABLE[torch.ops.aten.mm.default].fn(a, b)
-
-
 def _norm(x, ord=2, dtype=None):  # noqa: A002 - schema name
     """Vector norm of the flattened tensor, accumulated in float32 for half types."""
     x = jnp.abs(x.astype(opmath(x.dtype)) if dtype is None else x.astype(to_jax_dtype(dtype)))
@@ -84,7 +79,7 @@ _ELEMENT: dict[str, tuple] = {
     "copy": (lambda x, src, non_blocking=False: jnp.broadcast_to(src, x.shape), ()),
     "norm": (_norm, ("ord",)),
     "max": (jnp.max, ()),
-    "mm": (lambda a, b: _matmul(a, b), ()),
+    "mm": (TABLE[torch.ops.aten.mm.default].fn, ()),  # aten::mm's own lowering
     **{name: (_unary(name), ()) for name in _UNARY},
 }
 

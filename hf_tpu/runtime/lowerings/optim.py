@@ -130,11 +130,7 @@ def _eager_kernel(kind: str, decoupled: bool = False):
         arrays = [[to_jax_lazy(t) for t in lst] for lst in all_lists]
         hyper = [to_jax_lazy(kw[n]) if isinstance(kw[n], torch.Tensor) else float(kw[n]) for n in names]
         extra = [None if t is None else to_jax_lazy(t) for t in (grad_scale, found_inf)]
-        nonzero = tuple(
-            isinstance(kw[n], torch.Tensor) or float(kw[n]) != 0
-            for n in ("weight_decay", "momentum")
-            if n in kw
-        )
+        nonzero = tuple(_nonzero(kw[n]) for n in ("weight_decay", "momentum") if n in kw)
         lengths = tuple(len(lst) for lst in arrays)
         has_extra = tuple(e is not None for e in extra)
         key = (
@@ -157,6 +153,7 @@ def _eager_kernel(kind: str, decoupled: bool = False):
             write(dest, value)
         return None
 
+    kernel.cache = cache  # one executable per (shapes, dtypes, flags): what tests check for recompiles
     return kernel
 
 
@@ -237,6 +234,7 @@ class _FunctionalStep:
 
 
 def _nonzero(value) -> bool:
+    """Whether a decay/momentum term is present (a tensor or traced value may be anything)."""
     return not isinstance(value, int | float) or value != 0
 
 
