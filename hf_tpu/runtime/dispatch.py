@@ -21,7 +21,7 @@ import torch
 from hf_tpu.runtime import lazy, memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
-from hf_tpu.runtime.tensor import to_jax_lazy, wrap, write
+from hf_tpu.runtime.tensor import View, op_input, read_input, wrap, write
 
 # argument kinds
 _T, _TL, _S, _STATIC, _GEN = range(5)
@@ -170,11 +170,22 @@ class _Entry:
         self.lazy_avals = None  # output avals, filled by DeferAndFuse's first recording
 
 
-def _placeholder(value, kind):
+_VALUE = object()  # template entry of a tensor passed as its own value
+
+
+def _view_of(t, bake: bool):
+    """What `run` passed for tensor `t`: its value, or the `View` read inside the executable."""
+    view = op_input(t, bake)[1]
+    return _VALUE if view is None else view
+
+
+def _placeholder(value, kind, bake: bool):
+    """An argument as the executable's template holds it (no tensors: the cache must not keep their
+    storages alive)."""
     if kind == _T and type(value) not in _PY_NUMBERS:
-        return None if value is None else True
+        return None if value is None else _view_of(value, bake)
     if kind == _TL:
-        return [None if x is None else True for x in value]
+        return [None if x is None else _view_of(x, bake) for x in value]
     if kind == _S and isinstance(value, torch.Tensor):
         return True
     return value
@@ -321,6 +332,7 @@ class OpKernel:
         leaves = []
         key = []
         append = key.append
+        bake = lazy._enabled
         for v, k in zip(fargs, self.fsig.kinds):
             if k == _T:
                 if v is None:
@@ -332,9 +344,14 @@ class OpKernel:
                     else:
                         append(_scalar_key(v))
                 else:
-                    a = to_jax_lazy(v)
+                    a, view, offset = op_input(v, bake)
                     leaves.append(a)
-                    append(a.shape)
+                    if view is None:
+                        append(a.shape)
+                    else:
+                        append(view)
+                        if offset is not None:
+                            leaves.append(offset)
                     append(a.dtype)
             elif k == _S:
                 tv = type(v)
@@ -349,9 +366,11 @@ class OpKernel:
                     if x is None:
                         sub.append(None)
                     else:
-                        a = to_jax_lazy(x)
+                        a, view, offset = op_input(x, bake)
                         leaves.append(a)
-                        sub.append((a.shape, a.dtype))
+                        if offset is not None:
+                            leaves.append(offset)
+                        sub.append((a.shape if view is None else view, a.dtype))
                 append(tuple(sub))
             elif k == _GEN:
                 if v is not None:
@@ -417,20 +436,26 @@ class OpKernel:
             if self.static_scalar_builds > _MAX_STATIC_SCALAR_BUILDS:
                 self.dynamic_scalars = True  # many distinct values: stop compiling one executable per value
         # never capture the tensors themselves: the cache would keep their storages alive
-        template = [_placeholder(v, k) for v, k in zip(fargs, kinds)]
+        bake = lazy._enabled
+        template = [_placeholder(v, k, bake) for v, k in zip(fargs, kinds)]
         fn = self.lowering.fn
         is_random = self.lowering.random
         jax = platform.jax()
         jnp = jax.numpy
+
+        def take(v, it):
+            """The next input: a value (a tensor's or a traced number), or a view read from its
+            storage's array (fused into this executable)."""
+            return read_input(jax, v if type(v) is View else None, it)
 
         def call(*leaves):
             it = iter(leaves)
             args = [rng.key_from(next(it))] if is_random else []
             for v, h in zip(template, how):
                 if h is _LEAF:
-                    args.append(next(it))
+                    args.append(take(v, it))
                 elif h is _LEAVES:
-                    args.append([None if x is None else next(it) for x in v])
+                    args.append([None if x is None else take(x, it) for x in v])
                 elif h is _BAKED_ARRAY:  # a wrapped number stays an (weakly typed) array for the lowering
                     args.append(jnp.asarray(v))
                 else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from typing import NamedTuple
 
 import torch
 
@@ -139,6 +140,61 @@ def to_jax_lazy(t: torch.Tensor):
     return _call(_read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), dtype), p.array, offset)
 
 
+class View(NamedTuple):
+    """How an op's executable reads a view of its argument's storage: the op's cache key holds this and
+    the storage's whole array is the traced input, so reading the view fuses into the op instead of
+    running as an executable of its own (`weight.t()` into `mm`, head transposes into attention)."""
+
+    base_shape: tuple
+    shape: tuple
+    stride: tuple | None  # None: contiguous
+    offset: int | None  # None: traced (an extra input follows the array)
+
+
+def op_input(t: torch.Tensor, bake_offset: bool):
+    """(array, view, offset) for tpu tensor `t` as an op's input: `view` None means `array` is t's value;
+    else the executable reads `view` of `array` (t's storage payload), at `offset` when `view.offset`
+    is None. Offsets are baked in under DeferAndFuse (like recorded view reads) or when zero."""
+    if t.dtype.is_complex:
+        return to_jax_lazy(t), None, None
+    p = _payloads.get(t.untyped_storage().data_ptr())
+    if p is None or p.array is None or t.dtype != p.dtype:
+        return to_jax_lazy(t), None, None
+    offset = t.storage_offset()
+    contiguous = t.is_contiguous()
+    shape = t.shape
+    if offset == 0 and contiguous and shape == p.shape:
+        return p.array, None, None
+    shape = tuple(shape)
+    stride = None if contiguous else t.stride()
+    if bake_offset or offset == 0:
+        return p.array, View(p.shape, shape, stride, offset), None
+    return p.array, View(p.shape, shape, stride, None), offset
+
+
+def op_inputs(tensors, bake_offset: bool) -> tuple[list, tuple]:
+    """`op_input` over several tensors: (the executable's inputs, one view per tensor)."""
+    leaves = []
+    views = []
+    for t in tensors:
+        array, view, offset = op_input(t, bake_offset)
+        leaves.append(array)
+        if offset is not None:
+            leaves.append(offset)
+        views.append(view)
+    return leaves, tuple(views)
+
+
+def read_input(jax, view: View | None, it):
+    """Traceable: the next op input from iterator `it` (the inputs `op_input` produced), read through
+    `view` when it has one."""
+    x = next(it)
+    if view is None:
+        return x
+    offset = next(it) if view.offset is None else view.offset
+    return read_view(jax, x, offset, view.shape, view.stride)
+
+
 def _resolve_lazy_bits(t: torch.Tensor):
     """Conjugate/negative views of complex tensors carry a bit instead of data: apply it."""
     jnp = platform.jax().numpy
@@ -234,29 +290,32 @@ def _flat_index(shape, stride, offset):
     return jnp.broadcast_to(idx, shape)
 
 
+def read_view(jax, base, offset, shape: tuple, stride: tuple | None):
+    """Traceable: view (shape, stride; None = contiguous) of `base` (same dtype) at storage `offset`."""
+    if stride is None:
+        flat = base.reshape(-1)
+        return jax.lax.dynamic_slice(flat, (offset,), (math.prod(shape),)).reshape(shape)
+    plan = _box_plan(shape, stride)
+    if plan is not None:  # slices/transposes (almost every view): see strided.py
+        return read_box(jax, base, offset, shape, plan)
+    return base.reshape(-1)[_flat_index(shape, stride, offset)]
+
+
+@cache
+def _box_plan(shape: tuple, stride: tuple):
+    return box_plan(shape, stride)
+
+
 @cache
 def _read_contiguous(base_shape, shape):
     jax = platform.jax()
-    n = math.prod(shape)
-
-    def read(base, offset):
-        flat = base.reshape(-1)
-        return jax.lax.dynamic_slice(flat, (offset,), (n,)).reshape(shape)
-
-    return jax.jit(read)
+    return jax.jit(lambda base, offset: read_view(jax, base, offset, shape, None))
 
 
 @cache
 def _read_strided(base_shape, shape, stride):
     jax = platform.jax()
-    plan = box_plan(shape, stride)
-
-    def read(base, offset):
-        if plan is not None:  # slices/transposes (almost every view): see strided.py
-            return read_box(jax, base, offset, shape, plan)
-        return base.reshape(-1)[_flat_index(shape, stride, offset)]
-
-    return jax.jit(read)
+    return jax.jit(lambda base, offset: read_view(jax, base, offset, shape, stride))
 
 
 @cache

@@ -16,7 +16,7 @@ Dropout draws its mask's seed from the device generator; the seed/offset it used
 from __future__ import annotations
 
 import math
-from functools import cache, partial
+from functools import cache
 
 import jax
 import jax.numpy as jnp
@@ -26,7 +26,7 @@ from torch.nn.attention import SDPBackend
 from hf_tpu.runtime import lazy, platform, rng
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.linalg import operands, precision
-from hf_tpu.runtime.tensor import to_jax_lazy, wrap
+from hf_tpu.runtime.tensor import op_inputs, read_input, wrap
 
 _HALF = (jnp.bfloat16, jnp.float16)
 
@@ -137,24 +137,25 @@ def _draw_seed(rng_key):
 
 
 @cache
+@cache
 def _no_seed():
-    zero = jnp.zeros((), jnp.int64)
+    """The (seed, offset) slots without dropout: two shared zeros (arrays are immutable; a write into
+    the returned tensors replaces their storage's array, never this one)."""
+    zero = jax.device_put(jnp.zeros((), jnp.int64), platform.default_device())
     return zero, zero
 
 
-@partial(jax.jit, static_argnames=("dropout_p", "is_causal", "scale"))
-def _forward(q, k, v, bias, seed, offset, *, dropout_p, is_causal, scale):
-    key = _dropout_key(seed, offset) if dropout_p > 0 else None
-    return _attention(q, k, v, bias, key, dropout_p, is_causal, scale)
-
-
 @cache
-def _forward_fn(dropout_p: float, is_causal: bool, scale: float, has_bias: bool):
-    """One jitted attention per static configuration (a stable function identity for DeferAndFuse)."""
+def _forward_fn(dropout_p: float, is_causal: bool, scale: float, views: tuple):
+    """One jitted attention per static configuration and input layout (a stable function identity
+    for DeferAndFuse). `views`: per input (q, k, v[, bias]), None or the `View` read inside, so the
+    heads' `transpose(1, 2)` fuses into the attention instead of running as its own executable."""
 
-    def run(q, k, v, seed, offset, bias=None):
+    def run(seed, offset, *leaves):
+        it = iter(leaves)
+        q, k, v, *bias = (read_input(jax, view, it) for view in views)
         key = _dropout_key(seed, offset) if dropout_p > 0 else None
-        return _attention(q, k, v, bias, key, dropout_p, is_causal, scale)
+        return _attention(q, k, v, bias[0] if bias else None, key, dropout_p, is_causal, scale)
 
     return jax.jit(run)
 
@@ -175,15 +176,11 @@ def _scaled_dot_product_fused_attention_overrideable(
     The computation itself goes through `lazy.maybe_call`, so under DeferAndFuse it is recorded rather
     than forcing a flush.
     """
-    q = to_jax_lazy(query)
     seed, offset = _draw_seed(rng.next_key()) if dropout_p > 0 else _no_seed()
-    fn = _forward_fn(
-        float(dropout_p), bool(is_causal), float(_default_scale(q, scale)), attn_bias is not None
-    )
-    args = (q, to_jax_lazy(key), to_jax_lazy(value), seed, offset)
-    if attn_bias is not None:
-        args = args + (to_jax_lazy(attn_bias),)
-    out, lse = lazy.maybe_call(fn, args)
+    tensors = (query, key, value) if attn_bias is None else (query, key, value, attn_bias)
+    leaves, views = op_inputs(tensors, lazy.enabled())
+    fn = _forward_fn(float(dropout_p), bool(is_causal), float(_default_scale(query, scale)), views)
+    out, lse = lazy.maybe_call(fn, (seed, offset, *leaves))
     philox_seed, philox_offset = wrap(seed, torch.int64), wrap(offset, torch.int64)
     lq, lk = query.shape[-2], key.shape[-2]
     return (
