@@ -151,7 +151,35 @@ def devices() -> tuple:
             f"HF_TPU_PLATFORM={forced!r}: JAX has no such backend on this machine ({exc}). "
             f"Unset HF_TPU_PLATFORM or choose one of: {', '.join(VALID_PLATFORMS)}."
         ) from exc
+    if devs and devs[0].platform == "cpu":
+        tune_host_allocator()
     return tuple(devs)
+
+
+# glibc mallopt parameters
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def tune_host_allocator() -> bool:
+    """On JAX's CPU platform device buffers are host `malloc`s: keep freed memory for reuse.
+
+    By default glibc serves blocks >= 128 KiB with a fresh `mmap` and returns a freed heap top to the
+    OS, so a new op output touches new pages and page-faults on every write: measured here, a 2x128x256
+    fp32 multiply took 122 us in Strict, 32 us with freed memory kept (and 18.5 -> 9.6 us at 2x16x64).
+    This is what a caching allocator does on an accelerator. `HF_TPU_HOST_ALLOC_TUNING=0` leaves
+    malloc as it is. Returns whether the tuning was applied (glibc only).
+    """
+    if os.environ.get("HF_TPU_HOST_ALLOC_TUNING", "1").strip().lower() in _OFF:
+        return False
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt): nothing to tune
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    # 32 MiB is glibc's largest mmap threshold; memory freed below the heap top stays mapped up to 1 GiB
+    return bool(mallopt(_M_MMAP_THRESHOLD, 32 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 1 << 30))
 
 
 def default_device():
