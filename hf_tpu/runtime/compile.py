@@ -99,16 +99,18 @@ def _decompositions() -> dict:
 
 def _spec(node) -> tuple | None:
     val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return (tuple(int(s) for s in val.shape), val.dtype)
     if isinstance(val, list | tuple):
         return tuple(_spec_of(v) for v in val)
-    return None
+    return _spec_of(val)
 
 
 def _spec_of(val):
+    """(shape, dtype) of a traced value; shape None when a dim is symbolic (a graph Dynamo made
+    dynamic: its size is only known per call, so only the dtype is enforced)."""
     if isinstance(val, torch.Tensor):
-        return (tuple(int(s) for s in val.shape), val.dtype)
+        if any(isinstance(s, torch.SymInt) for s in val.shape):
+            return (None, val.dtype)
+        return (tuple(val.shape), val.dtype)
     return None
 
 
@@ -122,7 +124,6 @@ class GraphProgram:
         # (input index, index of the output that becomes its new value): see `donation_plan`
         self.donation_plan = donation_plan
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
-        self._donation_checked: set = set()
         self._out_specs: list | None = None  # (shape, dtype) per graph output, from the FX metadata
         self.n_random = sum(
             1
@@ -130,7 +131,8 @@ class GraphProgram:
             if n.op == "call_function" and (lw := graph_lowering(n.target)) is not None and lw.random
         )
         self._jitted = None
-        self._shapes_seen: set = set()
+        self._static: tuple = ()
+        self._storm_warned = False
         if self.missing:
             self._views_to_reshapes()
 
@@ -207,24 +209,28 @@ class GraphProgram:
             return self.gm(*args)  # tpu eager, op by op
         jax = platform.jax()
         if self._jitted is None:
-            self._jitted = jax.jit(self.interpret)
+            # non-tensor inputs (the sizes of a graph Dynamo made dynamic) are static: lowerings need
+            # concrete ints for shapes, and XLA compiles per shape anyway
+            self._static = tuple(i + 1 for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
+            self._jitted = jax.jit(self.interpret, static_argnums=self._static)
         arrays = []
         for a in args:
             if isinstance(a, torch.Tensor):
                 arrays.append(_host(a) if a.is_cpu else to_jax(a))
             else:
                 arrays.append(a)
-        sig = self._note_shapes(args)
         keys = rng.next_material(self.n_random) if self.n_random else None
         plan = self.donation_plan
         donated = self._donatable(args, arrays) if plan and _donate_enabled() else ()
         try:
             if donated:
-                outs = self._call_donating(donated, sig, keys, arrays)
+                outs = self._call_donating(donated, keys, arrays)
             else:
                 outs = self._jitted(keys, *arrays)
         except Exception as exc:  # noqa: BLE001
             raise op_failure(f"compiled graph {self.name}", list(args), [0] * len(args), exc) from exc
+        if not self._storm_warned:
+            self._check_recompile_storm(args)
         # a donated input's old buffer is gone: point its storage at the new value now, and return the
         # input itself (an alias) as that "updated value" output, so aot_autograd's write-back
         # `input.copy_(new)` stores the same array again and no second storage holds it (one would
@@ -275,20 +281,19 @@ class GraphProgram:
                     shared.add(ptr)
         return tuple(i for i, ptr in zip(chosen, ptrs) if ptr not in shared)
 
-    def _call_donating(self, donated: tuple, sig: tuple, keys, arrays):
+    def _call_donating(self, donated: tuple, keys, arrays):
         jax = platform.jax()
         fn = self._donating.get(donated)
         if fn is None:
             fn = self._donating[donated] = jax.jit(
-                self.interpret, donate_argnums=tuple(i + 1 for i in donated)
+                self.interpret, static_argnums=self._static, donate_argnums=tuple(i + 1 for i in donated)
             )
-        if (donated, sig) in self._donation_checked:
+        if _compiled_count(fn):
             return fn(keys, *arrays)
-        # first call for these shapes: lowering warns when XLA cannot reuse a donated buffer
+        # its first compile: lowering warns when XLA cannot reuse a donated buffer
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             outs = fn(keys, *arrays)
-        self._donation_checked.add((donated, sig))
         for w in caught:
             if _UNUSABLE_DONATION in str(w.message):
                 log.debug("graph %s: donation not usable, turned off: %s", self.name, w.message)
@@ -303,21 +308,31 @@ class GraphProgram:
                 return [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in node.args[0]]
         return []
 
-    def _note_shapes(self, args) -> tuple:
-        """Track input signatures (warn once on a recompile storm); returns this call's."""
-        # runs every call: torch's C-level shape/dtype (a jax.Array's `.dtype` is a Python property)
-        sig = tuple((a.shape, a.dtype) for a in args if isinstance(a, torch.Tensor))
-        if sig in self._shapes_seen:
-            return sig
-        self._shapes_seen.add(sig)
-        if len(self._shapes_seen) == _RECOMPILE_WARN_AT:
-            warnings.warn(
-                f"hf_tpu compile: graph {self.name} has been compiled for {_RECOMPILE_WARN_AT} different input "
-                f"shapes (latest: {[s for s, _ in sig][:4]}...). Every new shape recompiles; pad inputs to a few "
-                "bucket sizes (hf_tpu.compile(model, buckets=...)) to avoid a recompile storm.",
-                stacklevel=3,
-            )
-        return sig
+    def _check_recompile_storm(self, args) -> None:
+        """Warn once when this graph has been compiled for many input signatures.
+
+        Counts the executables JAX holds for the graph (every jit keeps one per signature) instead of
+        hashing the inputs' shapes on every call: with ~150 inputs that cost ~0.1-0.2 ms per decode step.
+        """
+        compiled = sum(_compiled_count(f) for f in (self._jitted, *self._donating.values()))
+        if compiled < _RECOMPILE_WARN_AT:
+            return
+        self._storm_warned = True
+        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        warnings.warn(
+            f"hf_tpu compile: graph {self.name} has been compiled for {compiled} different input "
+            f"shapes (latest: {shapes[:4]}...). Every new shape recompiles; pad inputs to a few "
+            "bucket sizes (hf_tpu.compile(model, buckets=...)) to avoid a recompile storm.",
+            stacklevel=3,
+        )
+
+
+def _compiled_count(fn) -> int:
+    """How many executables a `jax.jit` function has compiled (one per input signature)."""
+    if fn is None:
+        return 0
+    size = getattr(fn, "_cache_size", None)
+    return size() if size is not None else 0
 
 
 def _references(arrays: list, i: int) -> int:

@@ -137,7 +137,7 @@ def _cast_like(jnp, result, spec):
     jdt = to_jax_dtype(dtype)
     if result.dtype != jdt:
         result = result.astype(jdt)
-    if tuple(result.shape) != shape:
+    if shape is not None and tuple(result.shape) != shape:
         result = jnp.broadcast_to(result, shape) if result.size != _prod(shape) else result.reshape(shape)
     return result
 

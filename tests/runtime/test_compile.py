@@ -208,3 +208,34 @@ def test_compiled_float32_grouped_mm_matches_cpu():
     ref = experts(x, w, offs)
     out = torch.compile(experts, backend="tpu", fullgraph=True)(x.to("tpu"), w.to("tpu"), offs.to("tpu"))
     torch.testing.assert_close(out.cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_recompile_storm_warns_once_and_names_bucketing():
+    def f(x):
+        return (x * 2).sum(-1)
+
+    compiled = torch.compile(f, backend="tpu")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in range(3, 3 + tpu_compile._RECOMPILE_WARN_AT + 4):  # a new length every call
+            x = torch.arange(2.0 * n).reshape(2, n)
+            torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x))
+    storm = [w for w in caught if "different input shapes" in str(w.message)]
+    assert len(storm) == 1, [str(w.message) for w in caught]
+    assert "buckets" in str(storm[0].message)
+
+
+def test_graph_dynamo_made_dynamic_is_correct_for_every_length():
+    """After a second length Dynamo marks the dim dynamic: one graph whose sizes arrive as ints."""
+
+    def f(x):
+        flat = x.reshape(x.shape[0] * x.shape[1])
+        return torch.cat([flat, flat[:3]]).cumsum(0)[-x.shape[1] :] * x.shape[1]
+
+    compiled = torch.compile(f, backend="tpu")
+    graphs = []
+    for n in (4, 5, 7, 9, 5):
+        x = torch.arange(3.0 * n).reshape(3, n)
+        torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x))
+        graphs.append(tpu_compile._counter[0])
+    assert graphs[-1] <= graphs[0] + 1, "every new length traced a new graph: the dynamic graph was not used"

@@ -535,17 +535,10 @@ def test_loss_autograd():
 def fused_calls(monkeypatch):
     """Counts calls of the fused tpu attention kernel (proves SDPA did not take the math path)."""
     calls = []
-    original = attention._forward
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "_forward", spy)
     original_fn = attention._forward_fn
 
-    def spy_fn(dropout_p, is_causal, scale, has_bias):
-        fn = original_fn(dropout_p, is_causal, scale, has_bias)
+    def spy_fn(dropout_p, is_causal, scale, views):
+        fn = original_fn(dropout_p, is_causal, scale, views)
 
         def run(*args):
             calls.append({"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale})
