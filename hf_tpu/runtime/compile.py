@@ -272,14 +272,14 @@ class GraphProgram:
                 chosen.append(i)
         if not chosen:
             return ()
-        ptrs = [args[i].untyped_storage().data_ptr() for i in chosen]
+        ptrs = {args[i].untyped_storage().data_ptr(): i for i in chosen}
         shared = set()
         for j, a in enumerate(args):  # another view of a donated storage among the inputs
-            if j not in chosen and isinstance(a, torch.Tensor) and a.device.type == "tpu":
+            if isinstance(a, torch.Tensor):
                 ptr = a.untyped_storage().data_ptr()
-                if ptr in ptrs:
+                if ptrs.get(ptr, j) != j:
                     shared.add(ptr)
-        return tuple(i for i, ptr in zip(chosen, ptrs) if ptr not in shared)
+        return tuple(i for ptr, i in ptrs.items() if ptr not in shared)
 
     def _call_donating(self, donated: tuple, keys, arrays):
         jax = platform.jax()
