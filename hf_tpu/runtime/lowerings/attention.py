@@ -137,7 +137,6 @@ def _draw_seed(rng_key):
 
 
 @cache
-@cache
 def _no_seed():
     """The (seed, offset) slots without dropout: two shared zeros (arrays are immutable; a write into
     the returned tensors replaces their storage's array, never this one)."""
