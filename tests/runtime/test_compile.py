@@ -115,7 +115,10 @@ def _run_kv_steps(steps=3):
     was updated in place."""
     torch.manual_seed(0)
     cache, buf = torch.zeros(1, 2, 6, 4), torch.zeros(3, 3)
-    dev_cache, dev_buf = cache.to("tpu"), buf.to("tpu")
+    # allocated on the device, like a StaticCache's buffers: on JAX's CPU platform a host->device copy
+    # may alias the host array's memory (when it is 64-byte aligned, ~1 in 3 here), and XLA cannot
+    # donate such a buffer, so that first step would copy (correct, but not in place)
+    dev_cache, dev_buf = torch.zeros(1, 2, 6, 4, device="tpu"), torch.zeros(3, 3, device="tpu")
     dev_view, view = dev_cache[:, 1, :2], cache[:, 1, :2]  # views taken before any call
     step = torch.compile(_kv_step, backend="tpu")
     for i in range(steps):
