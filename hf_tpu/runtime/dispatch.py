@@ -173,19 +173,13 @@ class _Entry:
 _VALUE = object()  # template entry of a tensor passed as its own value
 
 
-def _view_of(t, bake: bool):
-    """What `run` passed for tensor `t`: its value, or the `View` read inside the executable."""
-    view = op_input(t, bake)[1]
-    return _VALUE if view is None else view
-
-
-def _placeholder(value, kind, bake: bool):
+def _placeholder(value, kind, views):
     """An argument as the executable's template holds it (no tensors: the cache must not keep their
-    storages alive)."""
+    storages alive). `views` yields, per tensor in order, the `View` `run` passed it through (or None)."""
     if kind == _T and type(value) not in _PY_NUMBERS:
-        return None if value is None else _view_of(value, bake)
+        return None if value is None else next(views) or _VALUE
     if kind == _TL:
-        return [None if x is None else _view_of(x, bake) for x in value]
+        return [None if x is None else next(views) or _VALUE for x in value]
     if kind == _S and isinstance(value, torch.Tensor):
         return True
     return value
@@ -331,6 +325,7 @@ class OpKernel:
         """Execute the lowering on `fargs` (the functional op's arguments); returns (arrays, meta spec)."""
         leaves = []
         key = []
+        views = []  # per tensor argument, the View it is read through (None: its value); for _build
         append = key.append
         bake = lazy._enabled
         for v, k in zip(fargs, self.fsig.kinds):
@@ -346,6 +341,7 @@ class OpKernel:
                 else:
                     a, view, offset = op_input(v, bake)
                     leaves.append(a)
+                    views.append(view)
                     if view is None:
                         append(a.shape)
                     else:
@@ -368,6 +364,7 @@ class OpKernel:
                     else:
                         a, view, offset = op_input(x, bake)
                         leaves.append(a)
+                        views.append(view)
                         if offset is not None:
                             leaves.append(offset)
                         sub.append((a.shape if view is None else view, a.dtype))
@@ -385,7 +382,7 @@ class OpKernel:
         key = tuple(key)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._build(fargs, full)
+            entry = self._build(fargs, full, views)
             with self.lock:
                 self.cache[key] = entry
         if self.lowering.random:
@@ -401,7 +398,7 @@ class OpKernel:
             raise op_failure(self.op, full, self.sig.kinds, exc) from exc
         return results, entry.spec
 
-    def _build(self, fargs: list, full: list) -> _Entry:
+    def _build(self, fargs: list, full: list, views: list) -> _Entry:
         # what PyTorch would return (dtype, shape); the in-place/out= op itself validates its arguments
         if self.mode == "inplace":
             spec = _meta_run(self.op, self.sig, full)
@@ -436,8 +433,8 @@ class OpKernel:
             if self.static_scalar_builds > _MAX_STATIC_SCALAR_BUILDS:
                 self.dynamic_scalars = True  # many distinct values: stop compiling one executable per value
         # never capture the tensors themselves: the cache would keep their storages alive
-        bake = lazy._enabled
-        template = [_placeholder(v, k, bake) for v, k in zip(fargs, kinds)]
+        view_iter = iter(views)
+        template = [_placeholder(v, k, view_iter) for v, k in zip(fargs, kinds)]
         fn = self.lowering.fn
         is_random = self.lowering.random
         jax = platform.jax()

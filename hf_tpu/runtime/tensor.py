@@ -120,24 +120,14 @@ def to_jax(t: torch.Tensor):
 
 def to_jax_lazy(t: torch.Tensor):
     """Like `to_jax`, but may return a pending `LazyValue` (the op path under DeferAndFuse)."""
-    if t.dtype.is_complex and (t.is_conj() or t.is_neg()):
-        return _resolve_lazy_bits(t)
-    p = _payloads.get(t.untyped_storage().data_ptr())
-    if p is None:
-        return _foreign(t)
-    shape = t.shape
-    dtype = t.dtype
-    offset = t.storage_offset()
-    if p.array is None:  # never written (torch.empty): reads as zeros
-        return _zeros(tuple(shape), dtype)
-    if dtype == p.dtype:
-        if offset == 0 and shape == p.shape and t.is_contiguous():
-            return p.array
-        shape = tuple(shape)
-        if t.is_contiguous():
-            return _call(_read_contiguous(p.shape, shape), p.array, offset, shape=shape)
-        return _call(_read_strided(p.shape, shape, t.stride()), p.array, offset, shape=shape)
-    return _call(_read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), dtype), p.array, offset)
+    array, view, _ = op_input(t, bake_offset=True)
+    if view is None:
+        return array
+    if view.stride is None:
+        read = _read_contiguous(view.base_shape, view.shape)
+    else:
+        read = _read_strided(view.base_shape, view.shape, view.stride)
+    return _call(read, array, view.offset, shape=view.shape)
 
 
 class View(NamedTuple):
@@ -154,22 +144,29 @@ class View(NamedTuple):
 def op_input(t: torch.Tensor, bake_offset: bool):
     """(array, view, offset) for tpu tensor `t` as an op's input: `view` None means `array` is t's value;
     else the executable reads `view` of `array` (t's storage payload), at `offset` when `view.offset`
-    is None. Offsets are baked in under DeferAndFuse (like recorded view reads) or when zero."""
-    if t.dtype.is_complex:
-        return to_jax_lazy(t), None, None
+    is None. Offsets are baked in under DeferAndFuse (like recorded view reads) or when zero.
+
+    Values that are not a plain read of the storage's array (conj/neg bits, never written, another
+    dtype's bytes, no tpu payload) are computed here and come back without a view."""
+    if t.dtype.is_complex and (t.is_conj() or t.is_neg()):
+        return _resolve_lazy_bits(t), None, None
     p = _payloads.get(t.untyped_storage().data_ptr())
-    if p is None or p.array is None or t.dtype != p.dtype:
-        return to_jax_lazy(t), None, None
-    offset = t.storage_offset()
-    contiguous = t.is_contiguous()
+    if p is None:
+        return _foreign(t), None, None
     shape = t.shape
+    offset = t.storage_offset()
+    if p.array is None:  # never written (torch.empty): reads as zeros
+        return _zeros(tuple(shape), t.dtype), None, None
+    if t.dtype != p.dtype:
+        read = _read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), t.dtype)
+        return _call(read, p.array, offset), None, None
+    contiguous = t.is_contiguous()
     if offset == 0 and contiguous and shape == p.shape:
         return p.array, None, None
-    shape = tuple(shape)
     stride = None if contiguous else t.stride()
     if bake_offset or offset == 0:
-        return p.array, View(p.shape, shape, stride, offset), None
-    return p.array, View(p.shape, shape, stride, None), offset
+        return p.array, View(p.shape, tuple(shape), stride, offset), None
+    return p.array, View(p.shape, tuple(shape), stride, None), offset
 
 
 def op_inputs(tensors, bake_offset: bool) -> tuple[list, tuple]:
