@@ -14,8 +14,11 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
   `max_memory` budgets them) is kept and logged.
 - a dtype the platform cannot hold (float64 on TPU, formats XLA lacks) fails before any weight is read.
 - the compiled decode step degrades to eager with a one-time warning if the compile path fails.
+- the decode loop does not stall the host every token: transformers' `DeferredStopCheck` (upstream: mps
+  only) reads the stop flag one step late through async copies to host, and around a compiled step the
+  loop's own eager ops run deferred and fused, so step N+1 is queued while step N runs.
 - `Trainer` (with accelerate's `PartialState` now picking tpu, see `accelerate.py`): `dataloader_pin_memory`
-  is turned off on tpu (pinning is a no-op there, see runtime/pinned.py: no pinning thread is needed), as
+  is turned off on tpu (there is nothing to pin, see runtime/pinned.py: no pinning thread is needed), as
   transformers does for `use_cpu`; the default `adamw_torch_fused` runs the runtime's `_fused_adamw_`
   (it becomes `adamw_torch` only on a runtime without that kernel).
 - testing_utils' memory tables point at `torch.tpu`, and its device count is 1 (tests address devices by
@@ -24,6 +27,7 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import threading
@@ -204,10 +208,111 @@ def _wrap_get_compiled_call(cls) -> None:
         if wrapper is None or wrapper._compiled is not compiled:
             wrapper = _EagerFallback(self, compiled)
             self._hf_tpu_compiled_wrapper = wrapper
+        self._hf_tpu_compiled_step = True  # this generate call decodes with it (see _deferred_decode_loop)
         return wrapper
 
     get_compiled_call.__hf_tpu__ = True
     cls.get_compiled_call = get_compiled_call
+
+
+# -- decode loop without a host stall per token ---------------------------------------------------------------
+def _deferred_stop_check_for_tpu(original: type) -> type:
+    """transformers' `DeferredStopCheck` (read the stop flag one step late, so the host queues step N+1
+    while the device runs step N) for tpu too; upstream enables it only for mps.
+
+    Its stop-flag and token slots become async copy targets (pinned, in CUDA's terms: host_copies.py)
+    and its events `torch.tpu.Event`s, since `torch.Event` cannot synchronize a Python-defined backend.
+    The last, extra step is undone by upstream's own `finish()`, so tokens are the same as CPU's.
+    """
+
+    class DeferredStopCheck(original):
+        __hf_tpu__ = True
+
+        @staticmethod
+        def is_supported(device, cache, cache_is_returned: bool, is_assistant: bool) -> bool:
+            if torch.device(device).type == "tpu":
+                device = torch.device(
+                    "mps"
+                )  # upstream's own cache/assistant conditions, tpu admitted like mps
+            return original.is_supported(device, cache, cache_is_returned, is_assistant)
+
+        def __init__(self, input_ids, *args, **kwargs) -> None:
+            super().__init__(input_ids, *args, **kwargs)
+            if input_ids.device.type == "tpu":
+                from hf_tpu.runtime.host_copies import mark_async_target
+
+                self.slots = type(self.slots)(
+                    (mark_async_target(flag), mark_async_target(tokens), torch.tpu.Event(blocking=True))
+                    for flag, tokens, _ in self.slots
+                )
+
+    DeferredStopCheck.__qualname__ = original.__qualname__
+    DeferredStopCheck.__module__ = original.__module__
+    return DeferredStopCheck
+
+
+def _wrap_generate(cls) -> None:
+    """Forget the previous call's compiled-step note (a beam search compiles without a decode loop)."""
+    original = cls.__dict__.get("generate")
+    if original is None or getattr(original, "__hf_tpu__", False):
+        return
+
+    @functools.wraps(original)
+    def generate(self, *args, **kwargs):
+        self.__dict__.pop("_hf_tpu_compiled_step", None)
+        return original(self, *args, **kwargs)
+
+    generate.__hf_tpu__ = True
+    cls.generate = generate
+
+
+def _wrap_optimize_model_for_decode(cls) -> None:
+    """The decode loop around a compiled step runs its eager ops deferred and fused (DeferAndFuse).
+
+    Between two compiled steps transformers runs ~50 small eager ops (logits slice and cast, logits
+    processors, argmax, `cat`, stopping criteria, cache positions). Op by op they are ~50 device
+    executions per token; XLA's CPU client keeps at most 32 executions in flight, so the host stalls
+    on the running step every token even with the stop check deferred. Recorded, they are two fused
+    executions per token, and the host queues step N+1 while step N runs. Only in Strict mode (Debug
+    keeps blocking op by op) and only when this generate call compiled the step: an eager forward
+    under DeferAndFuse would be recorded whole, one new program per length.
+    """
+    original = cls.__dict__.get("_optimize_model_for_decode")
+    if original is None or getattr(original, "__hf_tpu__", False):
+        return
+
+    @contextlib.contextmanager
+    def _optimize_model_for_decode(self):
+        with original(self):
+            compiled = self.__dict__.pop("_hf_tpu_compiled_step", False)
+            if (
+                compiled
+                and not getattr(self, "_hf_tpu_eager_decode", False)
+                and torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_NEVER
+            ):
+                with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+                    yield
+            else:
+                yield
+
+    _optimize_model_for_decode.__hf_tpu__ = True
+    cls._optimize_model_for_decode = _optimize_model_for_decode
+
+
+def patch_generation_utils(module: ModuleType) -> None:
+    """transformers.generation.utils: on tpu the decode loop neither reads its stop flag nor runs its
+    bookkeeping ops in lockstep with the device."""
+    original = getattr(module, "DeferredStopCheck", None)
+    if (
+        original is not None
+        and not getattr(original, "__hf_tpu__", False)
+        and hasattr(original, "is_supported")
+    ):
+        module.DeferredStopCheck = _deferred_stop_check_for_tpu(original)
+    mixin = getattr(module, "GenerationMixin", None)
+    if mixin is not None:
+        _wrap_generate(mixin)
+        _wrap_optimize_model_for_decode(mixin)
 
 
 # -- patches (applied by hf_tpu.integrations' import hook) -----------------------------------------------------

@@ -7,7 +7,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from hf_tpu.runtime import lazy, platform
+from hf_tpu.runtime import host_copies, lazy, platform
 from hf_tpu.runtime.dtypes import numpy_from_torch, to_jax_dtype, torch_from_numpy
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.tensor import (
@@ -81,7 +81,11 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
             raise RuntimeError(f"hf_tpu: cannot copy from {src.device} to tpu; move it to cpu first")
         write(self, _fit(value, self.shape, self.dtype))
         return self
-    # tpu -> host
+    # tpu -> host: asynchronous into pinned targets (CUDA's contract), else now, after earlier async ones
+    if non_blocking and host_copies.is_async_target(self):
+        host_copies.copy_async(self, to_jax(src))
+        return self
+    host_copies.complete()
     host = jax_to_host(to_jax(src))
     return self.copy_(host)
 

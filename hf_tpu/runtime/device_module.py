@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from hf_tpu.runtime import host_copies as _host_copies
 from hf_tpu.runtime import memory as _memory
 from hf_tpu.runtime import platform as _platform
 from hf_tpu.runtime.modes import EagerMode, eager_mode, get_eager_mode, set_eager_mode
@@ -150,6 +151,7 @@ def synchronize(device=None) -> None:
     arrays = [p.array for p in list(_REGISTRY._payloads.values()) if p.array is not None]
     arrays.append(_platform.last_launched[0])
     jax.block_until_ready([a for a in arrays if a is not None])
+    _host_copies.complete()
 
 
 def flush() -> None:
@@ -310,28 +312,48 @@ class Stream:
 
 
 class Event:
+    """A tpu event. A timing event synchronizes on record(); any other marks the non-blocking copies to
+    host issued before it (see host_copies.py), and synchronize() waits for those, or for all work if
+    there were none (JAX has no per-stream markers: waiting for more than was recorded is the safe side).
+    """
+
     def __init__(
         self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
     ) -> None:
         self.enable_timing = enable_timing
         self._time: float | None = None
+        self._recorded = False
+        self._copies: int | None = None  # ticket of the newest async copy to host before record()
 
     def record(self, stream: Stream | None = None) -> None:
-        synchronize()
-        self._time = time.perf_counter()
+        self._recorded = True
+        if self.enable_timing:
+            synchronize()
+            self._time = time.perf_counter()
+            self._copies = None
+        else:
+            self._copies = _host_copies.newest_pending()
 
     def synchronize(self) -> None:
-        synchronize()
+        if not self._recorded:
+            return  # like CUDA: an event never recorded has nothing to wait for
+        if self._copies is not None:
+            _host_copies.complete(self._copies)
+        else:
+            synchronize()
 
     def wait(self, stream: Stream | None = None) -> None:
-        synchronize()
+        self.synchronize()
 
     def query(self) -> bool:
+        if self._copies is not None:
+            return _host_copies.is_complete(self._copies)
+        self.synchronize()
         return True
 
     def elapsed_time(self, end_event: Event) -> float:
         if self._time is None or end_event._time is None:
-            raise RuntimeError("both events must be recorded before elapsed_time()")
+            raise RuntimeError("both events must be recorded with enable_timing=True before elapsed_time()")
         return (end_event._time - self._time) * 1000.0
 
 

@@ -1,10 +1,12 @@
-"""Pinned host memory while tpu is the accelerator: a documented no-op instead of an error.
+"""Pinned host memory while tpu is the accelerator: the tensor itself, an async copy target, not an error.
 
 `Tensor.pin_memory()` asks the current accelerator's C++ hooks for a pinned allocator, and PyTorch's
 Python PrivateUse1 hooks cannot provide one, so `DataLoader(pin_memory=True)` (whose pinning thread
 calls it) would raise. JAX stages host-to-device copies itself (PJRT), so there is nothing to pin: the
-tensor comes back as it is (already in host memory; `is_pinned()` stays False), with one warning.
-Everything else (a CPU-only or CUDA machine, an explicit other device) keeps PyTorch's behaviour.
+tensor comes back as it is (already in host memory; `is_pinned()` stays False), with one warning. What
+pinning promises on CUDA still holds: a `non_blocking=True` copy from tpu into it returns at once and
+lands by the next synchronize (host_copies.py). Everything else (a CPU-only or CUDA machine, an
+explicit other device) keeps PyTorch's behaviour.
 """
 
 from __future__ import annotations
@@ -39,11 +41,14 @@ def install() -> None:
         if not _warned:
             _warned = True
             warnings.warn(
-                "hf_tpu: pin_memory() is a no-op while tpu is the accelerator (JAX stages host-to-device "
-                "copies itself); the tensor is returned unpinned.",
+                "hf_tpu: pin_memory() returns the tensor itself while tpu is the accelerator (JAX stages "
+                "host-to-device copies itself); non_blocking copies from tpu into it are asynchronous, as "
+                "into pinned memory on CUDA: synchronize (torch.tpu.synchronize() or an Event) before reading.",
                 stacklevel=2,
             )
-        return self
+        from hf_tpu.runtime import host_copies
+
+        return host_copies.mark_async_target(self)
 
     torch.Tensor.pin_memory = pin_memory
     _installed = True

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM, DynamicCache, LogitsProcessor, LogitsProcessorList
+from transformers.generation.streamers import BaseStreamer
 
 from tests.integrations.conftest import all_on
 
@@ -68,6 +69,78 @@ def test_sampling_with_a_seed_is_reproducible(llama_tpu, llama_cpu):
     assert not torch.equal(first, other)  # the seed matters (2 x 4 tokens from top-20: a tie is ~1e-10)
 
 
+class _Collect(BaseStreamer):
+    def __init__(self) -> None:
+        self.values: list = []
+
+    def put(self, value) -> None:
+        self.values.append(value.cpu().reshape(-1).tolist())
+
+    def end(self) -> None:
+        self.values.append("end")
+
+
+class _ModeRecorder(LogitsProcessor):
+    """Records the tpu eager mode the decode loop's own ops run in."""
+
+    def __init__(self) -> None:
+        self.modes: list = []
+
+    def __call__(self, input_ids, scores):
+        self.modes.append(torch.tpu.get_eager_mode())
+        return scores
+
+
+def test_tpu_decode_loop_reads_its_stop_flag_one_step_late():
+    """transformers' DeferredStopCheck (upstream: mps only) is on for tpu, not for cpu."""
+    import transformers.generation.utils as gen_utils
+
+    assert gen_utils.DeferredStopCheck.is_supported(torch.device("tpu"), None, False, False)
+    assert not gen_utils.DeferredStopCheck.is_supported(torch.device("tpu"), None, False, True)  # assistant
+    assert not gen_utils.DeferredStopCheck.is_supported(torch.device("cpu"), None, False, False)
+
+
+def test_eos_stop_streamer_and_returned_cache_match_cpu(llama_cpu, llama_tpu):
+    """The deferred stop check runs one step past the EOS and undoes it: tokens, stream and cache as on CPU."""
+    model, _, ids = llama_cpu
+    ids = ids[:1]
+    eos = int(_greedy(model, ids)[0, ids.shape[1] + 1])  # the second new token
+    results = {}
+    for name, m in (("cpu", model), ("tpu", llama_tpu)):
+        streamer = _Collect()
+        out = m.generate(
+            ids.to(m.device),
+            attention_mask=torch.ones_like(ids).to(m.device),
+            max_new_tokens=NEW + 2,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=0,
+            streamer=streamer,
+            return_dict_in_generate=True,
+        )
+        results[name] = (out.sequences.cpu(), streamer.values, out.past_key_values.get_seq_length())
+    assert torch.equal(results["tpu"][0], results["cpu"][0])
+    assert results["tpu"][0].shape[1] <= ids.shape[1] + 2  # it stopped at the EOS, before max_new_tokens
+    assert results["tpu"][1] == results["cpu"][1]
+    assert results["tpu"][2] == results["cpu"][2]
+
+
+@pytest.mark.slow
+def test_decode_loop_around_a_compiled_step_is_deferred_and_fused(llama_cpu):
+    """StaticCache: the loop's eager ops run under DeferAndFuse (then Strict again); DynamicCache: Strict."""
+    model, path, ids = llama_cpu
+    llama_tpu = AutoModelForCausalLM.from_pretrained(path, device_map="tpu").eval()
+    static, dynamic = _ModeRecorder(), _ModeRecorder()
+    out = _greedy(
+        llama_tpu, ids, cache_implementation="static", logits_processor=LogitsProcessorList([static])
+    )
+    assert torch.equal(out, _greedy(model, ids))
+    assert torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_NEVER
+    assert static.modes[1:] and set(static.modes[1:]) == {torch.tpu.EagerMode.DEFER_AND_FUSE}  # [0]: prefill
+    _greedy(llama_tpu, ids, logits_processor=LogitsProcessorList([dynamic]))
+    assert set(dynamic.modes) == {torch.tpu.EagerMode.DEFER_NEVER}
+
+
 @pytest.mark.slow
 def test_beam_search_matches_cpu(llama_cpu, llama_tpu):
     model, _, ids = llama_cpu
@@ -80,6 +153,7 @@ def test_static_cache_compiled_decode_matches_cpu(llama_cpu, llama_tpu):
     import torch._dynamo.utils as dynamo_utils
 
     model, _, ids = llama_cpu
+    torch._dynamo.reset()  # another test may have compiled this forward already (Dynamo reuses it)
     dynamo_utils.counters.clear()
     out = _greedy(llama_tpu, ids, cache_implementation="static")
     assert torch.equal(out, _greedy(model, ids, cache_implementation="static"))

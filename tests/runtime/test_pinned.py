@@ -1,4 +1,4 @@
-"""pin_memory while tpu is the accelerator: a no-op that keeps DataLoader(pin_memory=True) working."""
+"""pin_memory while tpu is the accelerator: the tensor itself (an async copy target), keeping DataLoader(pin_memory=True) working."""
 
 from __future__ import annotations
 
