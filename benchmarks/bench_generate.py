@@ -150,6 +150,11 @@ def main(argv=None) -> int:
         f"({compiled_graphs} graph(s) captured; fell back to eager: {fell_back}). CPU is not on transformers' "
         "auto-compile list, so its StaticCache row is eager.",
         "",
+        "On tpu the decode loop reads its stop flag one step late (transformers' DeferredStopCheck, enabled for "
+        "tpu by hf_tpu.integrations; one extra step runs and is undone), so the host queues step N+1 while step N "
+        "runs; around the compiled step the loop's own eager ops run under DeferAndFuse (two fused executions "
+        "per token instead of ~50, which would hit XLA:CPU's limit of 32 executions in flight).",
+        "",
     ]
     payload = {
         "params": params,
