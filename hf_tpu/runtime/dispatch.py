@@ -21,7 +21,10 @@ import torch
 from hf_tpu.runtime import lazy, memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
-from hf_tpu.runtime.tensor import View, op_input, read_input, wrap, write
+from hf_tpu.runtime.storage import REGISTRY
+from hf_tpu.runtime.tensor import View, can_update_in_place, op_input, read_input, run_donating, wrap, write
+
+_payloads = REGISTRY._payloads
 
 # argument kinds
 _T, _TL, _S, _STATIC, _GEN = range(5)
@@ -265,7 +268,7 @@ class OpKernel:
             return self._wrap(results, spec)
         if self.mode == "inplace":
             dest = full[0]
-            results, _ = self.run(full, full)
+            results, _ = self.run(full, full, _whole_storage_in_place(dest))
             self._store(dest, results, dest.shape, dest.dtype, full)
             return dest
         # out=
@@ -321,8 +324,12 @@ class OpKernel:
             return True
         return type(v) is int and not -(1 << 31) <= v < (1 << 31)
 
-    def run(self, fargs: list, full: list):
-        """Execute the lowering on `fargs` (the functional op's arguments); returns (arrays, meta spec)."""
+    def run(self, fargs: list, full: list, donate_first: bool = False):
+        """Execute the lowering on `fargs` (the functional op's arguments); returns (arrays, meta spec).
+
+        `donate_first`: fargs[0] is an in-place op's destination that may be updated in place (see
+        `_whole_storage_in_place`): its buffer is donated unless another argument reads the same array.
+        """
         leaves = []
         key = []
         views = []  # per tensor argument, the View it is read through (None: its value); for _build
@@ -390,7 +397,11 @@ class OpKernel:
         try:
             if lazy._enabled:
                 return lazy.call(entry.fn, leaves, entry), entry.spec
-            results = entry.fn(*leaves)
+            first = 1 if self.lowering.random else 0
+            if donate_first and sum(x is leaves[first] for x in leaves) == 1:
+                results = run_donating(entry.fn, first, *leaves)
+            else:
+                results = entry.fn(*leaves)
             platform.last_launched[0] = results
             if modes.launch_blocking():
                 platform.jax().block_until_ready(results)
@@ -474,6 +485,17 @@ class OpKernel:
         arrays = tuple(host_to_jax(r) for r in result)
         del jax
         return arrays, tuple((tuple(r.shape), r.dtype) for r in result)
+
+
+def _whole_storage_in_place(dest: torch.Tensor) -> bool:
+    """Whether in-place op destination `dest` is its storage's whole array, in its dtype, and nothing but
+    the storage references that array, so the op's executable may write it in place (`can_update_in_place`):
+    `param.add_(...)`, `cache.index_copy_(...)`, `x.masked_fill_(...)` on a large tensor then cost their
+    result, not a copy of the buffer plus a second live buffer."""
+    p = _payloads.get(dest.untyped_storage().data_ptr())
+    if p is None or dest.dtype != p.dtype or dest.storage_offset() != 0 or tuple(dest.shape) != p.shape:
+        return False
+    return dest.is_contiguous() and can_update_in_place(p)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from functools import cache
 from typing import NamedTuple
 
@@ -252,17 +253,57 @@ def write(t: torch.Tensor, value) -> None:
         if offset == 0 and t.is_contiguous() and math.prod(shape) == math.prod(p.shape):
             REGISTRY.set_array(ptr, value if shape == p.shape else value.reshape(p.shape))
             return
-        base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
         if t.is_contiguous():
             put = _write_contiguous(p.shape, shape)
         else:
             put = _write_strided(p.shape, shape, t.stride())
-        REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=p.shape))
+    else:
+        put = _write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype)
+    if type(value) is not LazyValue and can_update_in_place(p):
+        REGISTRY.set_array(ptr, run_donating(put, 0, p.array, value, offset))
         return
     base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
-    REGISTRY.set_array(
-        ptr, _call(_write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype), base, value, offset)
-    )
+    REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=p.shape if t.dtype == p.dtype else None))
+
+
+# -- updating a storage's buffer in place ----------------------------------------------------------------
+class _Probe:
+    __slots__ = ("array",)
+
+
+_probe = _Probe()
+_probe.array = object()
+_PAYLOAD_ONLY = sys.getrefcount(_probe.array)  # references to an array only a payload holds, as counted below
+del _probe
+
+
+def can_update_in_place(p) -> bool:
+    """Whether XLA may overwrite payload `p`'s buffer (donate it) instead of writing a new one.
+
+    In Strict mode only (a recording holds its inputs), and only when nothing but the payload references
+    the array: not another storage (`copy_` and same-dtype `.to` share arrays), a pending async copy to
+    host, a DeferAndFuse recording, or user code. The newest launch's record (`platform.last_launched`)
+    may hold it too: `run_donating` replaces that record. A partial write into a large tensor (`x[i] = v`,
+    a KV-cache slot) then costs the slice, not a copy of the whole buffer.
+    """
+    if p.array is None or lazy._enabled or type(p.array) is LazyValue:
+        return False
+    last = platform.last_launched[0]
+    extra = 1 if last is p.array else sum(x is p.array for x in last) if type(last) in (list, tuple) else 0
+    del last  # a reference of its own
+    return sys.getrefcount(p.array) - extra == _PAYLOAD_ONLY
+
+
+def run_donating(fn, index: int, *args):
+    """Call jitted `fn` with argument `index` donated (its buffer becomes the result's)."""
+    result = _donating(fn, index)(*args)
+    platform.last_launched[0] = result  # the record may have held the donated (now deleted) array
+    return result
+
+
+@cache
+def _donating(fn, index: int):
+    return platform.jax().jit(fn.__wrapped__, donate_argnums=(index,))
 
 
 def _zeros(shape: tuple, dtype: torch.dtype):
