@@ -28,6 +28,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "transformers.modeling_utils": ("transformers:patch_modeling_utils",),
     "transformers.training_args": ("transformers:patch_training_args",),
     "transformers.generation.utils": ("transformers:patch_generation_utils",),
+    "transformers.generation.continuous_batching.cache": ("transformers:patch_continuous_batching_cache",),
     "transformers.testing_utils": ("transformers:patch_testing_utils",),
     "diffusers.pipelines.pipeline_loading_utils": ("diffusers:patch_pipeline_loading_utils",),
     "diffusers.models.model_loading_utils": ("diffusers:patch_model_loading_utils",),

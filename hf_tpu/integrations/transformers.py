@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 import threading
 from types import ModuleType
@@ -313,6 +314,60 @@ def patch_generation_utils(module: ModuleType) -> None:
     if mixin is not None:
         _wrap_generate(mixin)
         _wrap_optimize_model_for_decode(mixin)
+
+
+# -- continuous batching: size the paged KV cache from tpu memory ---------------------------------------------
+_building_cache_for = threading.local()
+
+# On host-backed memory (JAX's CPU platform) the "device" is the host's RAM, shared with everything else, and
+# XLA zero-fills what it allocates (torch's CPU allocator commits pages lazily): continuous batching's default
+# of ~90% of free device memory would take the machine's RAM. It gets this share of the free memory instead.
+HOST_BACKED_CACHE_SHARE = 0.1
+
+
+def tpu_memory_breakdown() -> tuple[torch.device, int, int, int]:
+    """(device, total, reserved, allocated) bytes of the tpu, in continuous batching's terms."""
+    from hf_tpu.runtime import memory
+
+    free, total = torch.tpu.mem_get_info()
+    if memory.host_backed():
+        free = int(free * HOST_BACKED_CACHE_SHARE)
+    used = total - free
+    return torch.device("tpu"), total, used, used
+
+
+def patch_continuous_batching_cache(module: ModuleType) -> None:
+    """transformers' paged cache asks `get_device_and_memory_breakdown()` for free memory without naming a
+    device; it answers for cuda/xpu/mps and else for the host. A cache being built for tpu gets the tpu's
+    numbers (else the host's RAM would size a tpu cache: on the CPU platform ~90% of it, zero-filled)."""
+    cache_cls = getattr(module, "PagedAttentionCache", None)
+    original_breakdown = getattr(module, "get_device_and_memory_breakdown", None)
+    if cache_cls is None or original_breakdown is None or getattr(original_breakdown, "__hf_tpu__", False):
+        return
+
+    @functools.wraps(original_breakdown)
+    def get_device_and_memory_breakdown(*args, **kwargs):
+        if getattr(_building_cache_for, "tpu", False):
+            return tpu_memory_breakdown()
+        return original_breakdown(*args, **kwargs)
+
+    get_device_and_memory_breakdown.__hf_tpu__ = True
+    module.get_device_and_memory_breakdown = get_device_and_memory_breakdown
+
+    original_init = cache_cls.__init__
+    signature = inspect.signature(original_init)
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        device = signature.bind_partial(self, *args, **kwargs).arguments.get("device")
+        previous = getattr(_building_cache_for, "tpu", False)
+        _building_cache_for.tpu = device is not None and torch.device(device).type == "tpu"
+        try:
+            original_init(self, *args, **kwargs)
+        finally:
+            _building_cache_for.tpu = previous
+
+    cache_cls.__init__ = __init__
 
 
 # -- patches (applied by hf_tpu.integrations' import hook) -----------------------------------------------------

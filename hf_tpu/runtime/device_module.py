@@ -263,10 +263,11 @@ def memory_stats(device=None) -> dict:
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
-    """(free, total) bytes of the device (all chips together)."""
+    """(free, total) bytes of the device (all chips together); on JAX's CPU platform free is also bounded
+    by the host's available memory."""
     _check_index(device)
-    total = _memory.capacity()
-    return max(total - memory_allocated(), 0), total
+    _REGISTRY.sweep()
+    return _memory.free(), _memory.capacity()
 
 
 # -- streams and events: valid objects with synchronous semantics ----------------------------------------

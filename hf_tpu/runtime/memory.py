@@ -21,18 +21,40 @@ def _parse_bytes(text: str) -> int:
 @cache
 def capacity() -> int:
     """Bytes the device can hold: HF_TPU_MEMORY_LIMIT, else the chips' bytes_limit, else host RAM (CPU)."""
+    return _capacity_and_source()[0]
+
+
+def host_backed() -> bool:
+    """Whether device memory is the host's RAM without a limit of its own (JAX's CPU platform, no
+    HF_TPU_MEMORY_LIMIT): shared with the process and everything else on the machine."""
+    return _capacity_and_source()[1] == "host"
+
+
+@cache
+def _capacity_and_source() -> tuple[int, str]:
     env = os.environ.get("HF_TPU_MEMORY_LIMIT")
     if env:
-        return _parse_bytes(env)
+        return _parse_bytes(env), "limit"
     total = 0
     for dev in platform.devices():
         stats = dev.memory_stats() or {}
         total += int(stats.get("bytes_limit", 0))
     if total:
-        return total
+        return total, "device"
     import psutil
 
-    return psutil.virtual_memory().total
+    return psutil.virtual_memory().total, "host"
+
+
+def free() -> int:
+    """Bytes that can still be allocated: capacity minus live tensors, and on host-backed memory no more
+    than the host has available (other processes and this one's CPU tensors use it too)."""
+    left = max(capacity() - allocated(), 0)
+    if host_backed():
+        import psutil
+
+        left = min(left, psutil.virtual_memory().available)
+    return left
 
 
 def allocated() -> int:

@@ -161,3 +161,15 @@ def test_tensor_methods_generated():
     assert isinstance(m.weight, torch.nn.Parameter)
     m.cpu()
     assert m.weight.device.type == "cpu"
+
+
+def test_mem_get_info_on_host_memory_is_bounded_by_what_the_host_has():
+    """On JAX's CPU platform device memory is host RAM shared with everything else."""
+    import psutil
+
+    from hf_tpu.runtime import memory
+
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total
+    if memory.host_backed():
+        assert free <= psutil.virtual_memory().available + (64 << 20)  # it may have grown since
