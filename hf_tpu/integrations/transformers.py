@@ -17,6 +17,7 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
 - the decode loop does not stall the host every token: transformers' `DeferredStopCheck` (upstream: mps
   only) reads the stop flag one step late through async copies to host, and around a compiled step the
   loop's own eager ops run deferred and fused, so step N+1 is queued while step N runs.
+- continuous batching (`generate_batch`) sizes its paged KV cache from tpu memory, not the host's.
 - `Trainer` (with accelerate's `PartialState` now picking tpu, see `accelerate.py`): `dataloader_pin_memory`
   is turned off on tpu (there is nothing to pin, see runtime/pinned.py: no pinning thread is needed), as
   transformers does for `use_cpu`; the default `adamw_torch_fused` runs the runtime's `_fused_adamw_`
