@@ -127,3 +127,18 @@ def test_writes_through_a_reinterpreting_view():
     expected = torch.arange(16.0)
     expected.view(torch.int32)[5] = 7
     assert torch.equal(x.cpu(), expected)
+
+
+def test_a_pending_reader_sees_the_old_values():
+    """XLA waits for computations still reading a donated buffer before reusing it."""
+    x, ref = _written(1 << 20)
+    before = _buffer(x)
+    readers = [(x * 2).sum(), x[:5] + 1]
+    x.index_copy_(0, torch.arange(1 << 10, device="tpu"), torch.full((1 << 10,), -1.0, device="tpu"))
+    x[7] = 3.0
+    assert _buffer(x) == before
+    assert readers[0].item() == (ref * 2).sum().item()
+    assert torch.equal(readers[1].cpu(), ref[:5] + 1)
+    ref[: 1 << 10] = -1.0
+    ref[7] = 3.0
+    assert torch.equal(x.cpu(), ref)
