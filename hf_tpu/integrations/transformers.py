@@ -210,7 +210,9 @@ def _wrap_get_compiled_call(cls) -> None:
         if wrapper is None or wrapper._compiled is not compiled:
             wrapper = _EagerFallback(self, compiled)
             self._hf_tpu_compiled_wrapper = wrapper
-        self._hf_tpu_compiled_step = True  # this generate call decodes with it (see _deferred_decode_loop)
+        self._hf_tpu_compiled_step = (
+            True  # this generate call decodes with it (_wrap_optimize_model_for_decode)
+        )
         return wrapper
 
     get_compiled_call.__hf_tpu__ = True
@@ -232,10 +234,9 @@ def _deferred_stop_check_for_tpu(original: type) -> type:
 
         @staticmethod
         def is_supported(device, cache, cache_is_returned: bool, is_assistant: bool) -> bool:
+            # upstream's own cache/assistant conditions, with tpu admitted like mps
             if torch.device(device).type == "tpu":
-                device = torch.device(
-                    "mps"
-                )  # upstream's own cache/assistant conditions, tpu admitted like mps
+                device = torch.device("mps")
             return original.is_supported(device, cache, cache_is_returned, is_assistant)
 
         def __init__(self, input_ids, *args, **kwargs) -> None:
