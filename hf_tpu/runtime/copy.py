@@ -35,6 +35,7 @@ def host_to_jax(t: torch.Tensor):
         _check_platform_dtype(t.dtype)
     if t.numel() == 0:  # transformers' caches start from `torch.tensor([])` every forward
         return _empty(tuple(t.shape), t.dtype)
+    host_copies.complete_into(t)  # a non-blocking copy from tpu into it lands first (stream order)
     array = numpy_from_torch(t.contiguous() if not t.is_contiguous() else t)
     device = platform.default_device()
     if device.platform == "cpu":

@@ -142,7 +142,9 @@ def synchronize(device=None) -> None:
     if not _platform.is_initialized():
         return
     from hf_tpu.runtime import lazy
+    from hf_tpu.runtime.tensor import note_device_thread
 
+    note_device_thread()  # it reads every payload's array: no donation behind its back (tensor.py)
     lazy.flush("synchronize")
     jax = _platform.jax()
     # like CUDA, wait for all queued work, not just live results: the newest launch stands for the

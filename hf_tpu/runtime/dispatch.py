@@ -22,7 +22,16 @@ from hf_tpu.runtime import lazy, memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
 from hf_tpu.runtime.storage import REGISTRY
-from hf_tpu.runtime.tensor import View, can_update_in_place, op_input, read_input, run_donating, wrap, write
+from hf_tpu.runtime.tensor import (
+    DONATION_LOCK,
+    View,
+    can_update_in_place,
+    op_input,
+    read_input,
+    run_donating,
+    wrap,
+    write,
+)
 
 _payloads = REGISTRY._payloads
 
@@ -268,7 +277,12 @@ class OpKernel:
             return self._wrap(results, spec)
         if self.mode == "inplace":
             dest = full[0]
-            results, _ = self.run(full, full, _whole_storage_in_place(dest))
+            if _whole_storage_in_place(dest):
+                with DONATION_LOCK:  # from the check until the payload holds the result (tensor.py)
+                    results, _ = self.run(full, full, _whole_storage_in_place(dest))
+                    self._store(dest, results, dest.shape, dest.dtype, full)
+                return dest
+            results, _ = self.run(full, full)
             self._store(dest, results, dest.shape, dest.dtype, full)
             return dest
         # out=

@@ -65,8 +65,25 @@ def complete(upto: int | None = None) -> None:
 
 
 def is_complete(ticket: int) -> bool:
+    """Whether the copies up to `ticket` are done; the ones that are get written now (a poll that says
+    yes must find the data in place, as `Event.query()` does on CUDA)."""
     with _lock:
-        return all(entry[2].is_ready() for entry in _pending if entry[0] <= ticket)
+        if not all(entry[2].is_ready() for entry in _pending if entry[0] <= ticket):
+            return False
+        _land(lambda entry: entry[0] <= ticket)
+        return True
+
+
+def complete_into(t: torch.Tensor) -> None:
+    """Before host tensor `t` is read (copied to tpu, used as a scalar): land the copies pending into its
+    storage, as CUDA's stream order would have."""
+    if not _pending:
+        return
+    ptr = t.untyped_storage().data_ptr()
+    with _lock:
+        last = max((e[0] for e in _pending if e[1].untyped_storage().data_ptr() == ptr), default=None)
+        if last is not None:
+            _land(lambda entry: entry[0] <= last)
 
 
 def _land(should_land) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from functools import cache
 from typing import NamedTuple
 
@@ -95,6 +96,9 @@ def _foreign(t: torch.Tensor):
     """A tensor with no tpu payload: a CPU 0-dim scalar becomes a constant, anything else is an error."""
     if t.device.type != "tpu":
         if t.dim() == 0 and t.device.type == "cpu":
+            from hf_tpu.runtime import host_copies
+
+            host_copies.complete_into(t)
             jnp = platform.jax().numpy
             return jnp.asarray(t.item(), dtype=to_jax_dtype(t.dtype))
         raise DeviceMismatchError(
@@ -149,6 +153,8 @@ def op_input(t: torch.Tensor, bake_offset: bool):
 
     Values that are not a plain read of the storage's array (conj/neg bits, never written, another
     dtype's bytes, no tpu payload) are computed here and come back without a view."""
+    if _get_ident() != _device_thread[0]:
+        note_device_thread()
     if t.dtype.is_complex and (t.is_conj() or t.is_neg()):
         return _resolve_lazy_bits(t), None, None
     p = _payloads.get(t.untyped_storage().data_ptr())
@@ -243,6 +249,8 @@ def _at_offset(fn, offset: int):
 
 def write(t: torch.Tensor, value) -> None:
     """Store `value` (an array with t's shape and dtype) into tpu tensor `t`, through views."""
+    if _get_ident() != _device_thread[0]:
+        note_device_thread()
     ptr = t.untyped_storage().data_ptr()
     p = REGISTRY.payload(ptr)
     if p is None:
@@ -260,8 +268,10 @@ def write(t: torch.Tensor, value) -> None:
     else:
         put = _write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype)
     if type(value) is not LazyValue and can_update_in_place(p):
-        REGISTRY.set_array(ptr, run_donating(put, 0, p.array, value, offset))
-        return
+        with DONATION_LOCK:
+            if can_update_in_place(p):  # still (another thread may have appeared)
+                REGISTRY.set_array(ptr, run_donating(put, 0, p.array, value, offset))
+                return
     base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
     REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=p.shape if t.dtype == p.dtype else None))
 
@@ -277,16 +287,44 @@ _PAYLOAD_ONLY = sys.getrefcount(_probe.array)  # references to an array only a p
 del _probe
 
 
+_get_ident = threading.get_ident
+_device_threads: set = (
+    set()
+)  # Python threads that have read or written tpu payloads (see can_update_in_place)
+_device_thread = [None]  # the one that did last
+# held from a donation's check until the payload has the new array: a thread using tpu tensors for the
+# first time waits for it, and every later check sees two threads
+DONATION_LOCK = threading.RLock()
+
+
+def note_device_thread() -> None:
+    _device_thread[0] = ident = _get_ident()
+    if ident not in _device_threads:
+        _device_threads.add(ident)
+        with DONATION_LOCK:  # a donation started before this thread was seen finishes first
+            pass
+
+
+def _one_device_thread() -> bool:
+    """Whether a single live Python thread uses tpu tensors (threads that ended are forgotten)."""
+    if len(_device_threads) <= 1:
+        return True
+    _device_threads.intersection_update({t.ident for t in threading.enumerate()})
+    return len(_device_threads) <= 1
+
+
 def can_update_in_place(p) -> bool:
     """Whether XLA may overwrite payload `p`'s buffer (donate it) instead of writing a new one.
 
-    In Strict mode only (a recording holds its inputs), and only when nothing but the payload references
-    the array: not another storage (`copy_` and same-dtype `.to` share arrays), a pending async copy to
-    host, a DeferAndFuse recording, or user code. The newest launch's record (`platform.last_launched`)
-    may hold it too: `run_donating` replaces that record. A partial write into a large tensor (`x[i] = v`,
-    a KV-cache slot) then costs the slice, not a copy of the whole buffer.
+    In Strict mode only (a recording holds its inputs), only while one Python thread uses tpu tensors
+    (another one could take the array between this check and the donation, and find it deleted), and
+    only when nothing but the payload references the array: not another storage (`copy_` and same-dtype
+    `.to` share arrays), a pending async copy to host, a DeferAndFuse recording, or user code. The newest
+    launch's record (`platform.last_launched`) may hold it too: `run_donating` replaces that record. A
+    partial write into a large tensor (`x[i] = v`, a KV-cache slot) then costs the slice, not a copy of
+    the whole buffer.
     """
-    if p.array is None or lazy._enabled or type(p.array) is LazyValue:
+    if p.array is None or lazy._enabled or type(p.array) is LazyValue or not _one_device_thread():
         return False
     last = platform.last_launched[0]
     extra = 1 if last is p.array else sum(x is p.array for x in last) if type(last) in (list, tuple) else 0

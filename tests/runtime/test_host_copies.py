@@ -93,3 +93,27 @@ def test_events_recorded_without_copies_and_never_recorded():
     event.synchronize()  # no copies behind it: waits for all work
     assert event.query()
     assert torch.equal(x.cpu(), torch.full((8,), 3.0))
+
+
+def test_a_copy_back_to_tpu_waits_for_a_pending_copy_into_the_pinned_tensor():
+    """Stream order, as on CUDA: D2H into a staging buffer, then H2D from it, sees the first copy's data."""
+    value, ref = _slow_value()
+    stage = _pinned(())
+    stage.copy_(value, non_blocking=True)
+    back = stage.to("tpu")
+    into = torch.zeros((), device="tpu")
+    into.copy_(stage, non_blocking=True)
+    as_scalar = torch.ones((), device="tpu") * stage  # a 0-dim host tensor as an operand
+    for got in (back, into, as_scalar):
+        torch.testing.assert_close(got.cpu(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_event_query_true_means_the_data_is_there():
+    value, ref = _slow_value()
+    dst = _pinned(())
+    dst.copy_(value, non_blocking=True)
+    event = torch.tpu.Event()
+    event.record()
+    while not event.query():
+        pass
+    torch.testing.assert_close(dst, ref, rtol=1e-4, atol=1e-4)  # read without synchronize()

@@ -142,3 +142,36 @@ def test_a_pending_reader_sees_the_old_values():
     ref[: 1 << 10] = -1.0
     ref[7] = 3.0
     assert torch.equal(x.cpu(), ref)
+
+
+def test_another_thread_reading_while_one_updates_in_place():
+    """A second thread using tpu tensors turns donation off (it could take an array about to be donated)."""
+    import threading
+
+    from hf_tpu.runtime import tensor
+
+    w, _ = _written(1 << 16)
+    errors, reads, stop = [], [], threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                reads.append(float(w.detach().cpu()[0]))
+            except Exception as exc:  # noqa: BLE001 - collected and asserted on
+                errors.append(repr(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for _ in range(1000):
+            w.add_(1)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert reads and all(0 <= r <= 1000 for r in reads)
+    assert w[0].item() == 1000 and w[-1].item() == (1 << 16) - 1 + 1000
+    assert tensor._one_device_thread()  # the reader has ended: forgotten, and updates are in place again
+    before = _buffer(w)
+    w.add_(1)
+    assert _buffer(w) == before
