@@ -288,18 +288,40 @@ def _wrap_optimize_model_for_decode(cls) -> None:
     def _optimize_model_for_decode(self):
         with original(self):
             compiled = self.__dict__.pop("_hf_tpu_compiled_step", False)
-            if (
-                compiled
-                and not getattr(self, "_hf_tpu_eager_decode", False)
-                and torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_NEVER
-            ):
-                with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            if compiled and not getattr(self, "_hf_tpu_eager_decode", False):
+                with _deferred_decode_loop():
                     yield
             else:
                 yield
 
     _optimize_model_for_decode.__hf_tpu__ = True
     cls._optimize_model_for_decode = _optimize_model_for_decode
+
+
+_decode_loops = [0]  # decode loops running under DeferAndFuse now
+_decode_loops_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _deferred_decode_loop():
+    """DeferAndFuse for the loop when the mode is Strict (Debug, or a mode the user chose, is left alone).
+    The eager mode is process-wide: loops are counted, so generate calls overlapping in several threads
+    set Strict back once, when the last one ends."""
+    strict, deferred = torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE
+    with _decode_loops_lock:
+        active = _decode_loops[0] > 0 or torch.tpu.get_eager_mode() is strict
+        if active:
+            if _decode_loops[0] == 0:
+                torch.tpu.set_eager_mode(deferred)
+            _decode_loops[0] += 1
+    try:
+        yield
+    finally:
+        if active:
+            with _decode_loops_lock:
+                _decode_loops[0] -= 1
+                if _decode_loops[0] == 0:
+                    torch.tpu.set_eager_mode(strict)
 
 
 def patch_generation_utils(module: ModuleType) -> None:

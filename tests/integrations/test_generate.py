@@ -198,3 +198,28 @@ def test_save_pretrained_from_tpu_and_reload(llama_cpu, llama_tpu, tmp_path):
         on_tpu.lm_head.weight.untyped_storage().data_ptr()
         == on_tpu.model.embed_tokens.weight.untyped_storage().data_ptr()
     )
+
+
+@pytest.mark.slow
+def test_overlapping_generate_calls_in_threads_leave_strict_mode(llama_cpu, llama_tpu):
+    """The deferred decode loop switches a process-wide mode: two threads' loops overlapping restore it once."""
+    import threading
+
+    model, _, ids = llama_cpu
+    expected = _greedy(model, ids)
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(_greedy(llama_tpu, ids, cache_implementation="static"))
+        except Exception as exc:  # noqa: BLE001 - asserted on below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(results) == 2 and all(torch.equal(r, expected) for r in results)
+    assert torch.tpu.get_eager_mode() is torch.tpu.EagerMode.DEFER_NEVER
