@@ -306,10 +306,14 @@ def note_device_thread() -> None:
 
 
 def _one_device_thread() -> bool:
-    """Whether a single live Python thread uses tpu tensors (threads that ended are forgotten)."""
+    """Whether a single live Python thread uses tpu tensors. Threads that ended are forgotten, and so
+    are threads C++ started (autograd's device threads run backward while the Python thread that
+    called it, which counts, waits)."""
     if len(_device_threads) <= 1:
         return True
-    _device_threads.intersection_update({t.ident for t in threading.enumerate()})
+    _device_threads.intersection_update(
+        {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
+    )
     return len(_device_threads) <= 1
 
 
