@@ -298,30 +298,16 @@ def _wrap_optimize_model_for_decode(cls) -> None:
     cls._optimize_model_for_decode = _optimize_model_for_decode
 
 
-_decode_loops = [0]  # decode loops running under DeferAndFuse now
-_decode_loops_lock = threading.Lock()
-
-
 @contextlib.contextmanager
 def _deferred_decode_loop():
-    """DeferAndFuse for the loop when the mode is Strict (Debug, or a mode the user chose, is left alone).
-    The eager mode is process-wide: loops are counted, so generate calls overlapping in several threads
-    set Strict back once, when the last one ends."""
-    strict, deferred = torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE
-    with _decode_loops_lock:
-        active = _decode_loops[0] > 0 or torch.tpu.get_eager_mode() is strict
-        if active:
-            if _decode_loops[0] == 0:
-                torch.tpu.set_eager_mode(deferred)
-            _decode_loops[0] += 1
-    try:
+    """DeferAndFuse for the loop when the mode is Strict and this is the one Python thread using tpu
+    tensors (the mode is process-wide: another thread's ops would be deferred too). A thread that starts
+    using tpu tensors during the loop turns it back to Strict (hf_tpu.runtime.modes)."""
+    from hf_tpu.runtime import modes
+    from hf_tpu.runtime.tensor import one_device_thread
+
+    with modes.deferred_in_this_thread(one_device_thread()):
         yield
-    finally:
-        if active:
-            with _decode_loops_lock:
-                _decode_loops[0] -= 1
-                if _decode_loops[0] == 0:
-                    torch.tpu.set_eager_mode(strict)
 
 
 def patch_generation_utils(module: ModuleType) -> None:

@@ -152,8 +152,26 @@ def synchronize(device=None) -> None:
     _REGISTRY.sweep()
     arrays = [p.array for p in list(_REGISTRY._payloads.values()) if p.array is not None]
     arrays.append(_platform.last_launched[0])
-    jax.block_until_ready([a for a in arrays if a is not None])
+    arrays = [a for a in arrays if a is not None]
+    try:
+        jax.block_until_ready(arrays)
+    except Exception:  # noqa: BLE001 - another thread's compiled step donated one of them meanwhile
+        _wait_for_live(arrays)
     _host_copies.complete()
+
+
+def _wait_for_live(arrays) -> None:
+    """Wait for each array that still exists (a donated one's work is its successor's, waited on by whoever
+    donated it); any other error is raised."""
+    for a in arrays:
+        for leaf in a if isinstance(a, list | tuple) else (a,):
+            if getattr(leaf, "is_deleted", None) is None or leaf.is_deleted():
+                continue
+            try:
+                leaf.block_until_ready()
+            except Exception:
+                if not leaf.is_deleted():
+                    raise
 
 
 def flush() -> None:

@@ -20,6 +20,7 @@ import torch
 
 from hf_tpu.runtime import lazy, memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
 from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.tensor import (
@@ -411,6 +412,8 @@ class OpKernel:
         try:
             if lazy._enabled:
                 return lazy.call(entry.fn, leaves, entry), entry.spec
+            if bake:  # another thread left DeferAndFuse during this op: its inputs may still be pending
+                leaves = [lazy.concrete(x) if type(x) is LazyValue else x for x in leaves]
             first = 1 if self.lowering.random else 0
             if donate_first and sum(x is leaves[first] for x in leaves) == 1:
                 results = run_donating(entry.fn, first, *leaves)

@@ -31,6 +31,7 @@ def _initial_mode() -> EagerMode:
 class _State:
     mode: EagerMode = _initial_mode()
     launch_blocking: bool = mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    scoped_to_thread: int | None = None  # DeferAndFuse set by `deferred_in_this_thread`, for this thread
 
 
 def set_eager_mode(mode: EagerMode | str) -> None:
@@ -47,6 +48,7 @@ def set_eager_mode(mode: EagerMode | str) -> None:
     from hf_tpu.runtime import lazy
 
     lazy.set_enabled(mode is EagerMode.DEFER_AND_FUSE)  # leaving the mode flushes pending work
+    _State.scoped_to_thread = None
     _State.mode = mode
     _State.launch_blocking = mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 
@@ -68,3 +70,29 @@ def eager_mode(mode: EagerMode | str):
         yield
     finally:
         set_eager_mode(previous)
+
+
+@contextlib.contextmanager
+def deferred_in_this_thread(only_thread: bool):
+    """DeferAndFuse while the block runs, if the mode is Strict and `only_thread` (this is the one Python
+    thread using tpu tensors). The mode is process-wide, so it is scoped to this thread's use: a thread
+    that starts using tpu tensors meanwhile ends it (`another_thread_started`), and it is not taken up
+    again. Any other mode (Debug, a DeferAndFuse the user chose) is left alone."""
+    import threading
+
+    ident = threading.get_ident()
+    took = only_thread and _State.mode is EagerMode.DEFER_NEVER and _State.scoped_to_thread is None
+    if took:
+        set_eager_mode(EagerMode.DEFER_AND_FUSE)
+        _State.scoped_to_thread = ident
+    try:
+        yield
+    finally:
+        if took and _State.scoped_to_thread == ident:
+            set_eager_mode(EagerMode.DEFER_NEVER)
+
+
+def another_thread_started() -> None:
+    """A new thread uses tpu tensors: a deferral scoped to one thread goes back to Strict (flushing)."""
+    if _State.scoped_to_thread is not None:
+        set_eager_mode(EagerMode.DEFER_NEVER)

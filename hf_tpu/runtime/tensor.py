@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 import torch
 
-from hf_tpu.runtime import lazy, platform
+from hf_tpu.runtime import lazy, modes, platform
 from hf_tpu.runtime.dtypes import UnsupportedDtypeError, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.memory import check_capacity
@@ -303,6 +303,15 @@ def note_device_thread() -> None:
         _device_threads.add(ident)
         with DONATION_LOCK:  # a donation started before this thread was seen finishes first
             pass
+        if len(_device_threads) > 1:
+            modes.another_thread_started()
+
+
+def one_device_thread() -> bool:
+    """Whether only the calling thread (or no other live Python thread) uses tpu tensors."""
+    if _get_ident() != _device_thread[0]:
+        note_device_thread()
+    return _one_device_thread()
 
 
 def _one_device_thread() -> bool:

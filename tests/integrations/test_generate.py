@@ -201,21 +201,25 @@ def test_save_pretrained_from_tpu_and_reload(llama_cpu, llama_tpu, tmp_path):
 
 
 @pytest.mark.slow
-def test_overlapping_generate_calls_in_threads_leave_strict_mode(llama_cpu, llama_tpu):
-    """The deferred decode loop switches a process-wide mode: two threads' loops overlapping restore it once."""
+def test_generate_calls_in_several_threads_match_cpu_and_leave_strict_mode(llama_cpu, llama_tpu):
+    """The deferred decode loop is for a single thread using tpu tensors (the mode is process-wide): with
+    two threads, whenever the second starts, the loops run (or go back to) Strict, and tokens stay CPU's."""
     import threading
 
     model, _, ids = llama_cpu
     expected = _greedy(model, ids)
     results, errors = [], []
 
-    def run():
+    def run(delay):
         try:
+            torch.tpu.synchronize()
+            threading.Event().wait(delay)
             results.append(_greedy(llama_tpu, ids, cache_implementation="static"))
         except Exception as exc:  # noqa: BLE001 - asserted on below
             errors.append(repr(exc))
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    _greedy(llama_tpu, ids, cache_implementation="static")  # compiled once: torch.compile is not thread-safe
+    threads = [threading.Thread(target=run, args=(delay,)) for delay in (0.0, 0.05)]
     for t in threads:
         t.start()
     for t in threads:
