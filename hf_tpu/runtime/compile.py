@@ -25,7 +25,7 @@ from hf_tpu.runtime import platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.lowering_table import graph_lowering
 from hf_tpu.runtime.storage import REGISTRY
-from hf_tpu.runtime.tensor import to_jax, wrap
+from hf_tpu.runtime.tensor import RefProbe, to_jax, wrap
 
 log = logging.getLogger("hf_tpu.compile")
 _warned: set = set()
@@ -339,13 +339,9 @@ def _references(arrays: list, i: int) -> int:
     return sys.getrefcount(arrays[i])
 
 
-class _Holder:
-    __slots__ = ("array",)
-
-
 def _sole_references() -> int:
     """What `_references` reports for an array held only by a payload and the argument list."""
-    holder, value = _Holder(), object()
+    holder, value = RefProbe(), object()
     holder.array = value
     arrays = [value]
     del value

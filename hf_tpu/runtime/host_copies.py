@@ -19,9 +19,8 @@ from collections import deque
 
 import torch
 
-_targets: dict[
-    int, weakref.ref
-] = {}  # id(tensor) -> weak reference (a WeakSet would compare tensors with ==)
+# id(tensor) -> weak reference to it (a WeakSet would compare tensors with ==)
+_targets: dict[int, weakref.ref] = {}
 _pending: deque = deque()  # (ticket, dst, array), oldest first
 _tickets = itertools.count(1)
 _lock = threading.Lock()
@@ -80,10 +79,9 @@ def complete_into(t: torch.Tensor) -> None:
     if not _pending:
         return
     ptr = t.untyped_storage().data_ptr()
-    with _lock:
-        last = max((e[0] for e in _pending if e[1].untyped_storage().data_ptr() == ptr), default=None)
-        if last is not None:
-            _land(lambda entry: entry[0] <= last)
+    last = max((e[0] for e in list(_pending) if e[1].untyped_storage().data_ptr() == ptr), default=None)
+    if last is not None:
+        complete(last)
 
 
 def _land(should_land) -> None:

@@ -18,7 +18,6 @@ def _parse_bytes(text: str) -> int:
     return int(text)
 
 
-@cache
 def capacity() -> int:
     """Bytes the device can hold: HF_TPU_MEMORY_LIMIT, else the chips' bytes_limit, else host RAM (CPU)."""
     return _capacity_and_source()[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import threading
 
 
 class EagerMode(enum.Enum):
@@ -78,8 +79,6 @@ def deferred_in_this_thread(only_thread: bool):
     thread using tpu tensors). The mode is process-wide, so it is scoped to this thread's use: a thread
     that starts using tpu tensors meanwhile ends it (`another_thread_started`), and it is not taken up
     again. Any other mode (Debug, a DeferAndFuse the user chose) is left alone."""
-    import threading
-
     ident = threading.get_ident()
     took = only_thread and _State.mode is EagerMode.DEFER_NEVER and _State.scoped_to_thread is None
     if took:

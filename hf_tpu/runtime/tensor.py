@@ -277,21 +277,23 @@ def write(t: torch.Tensor, value) -> None:
 
 
 # -- updating a storage's buffer in place ----------------------------------------------------------------
-class _Probe:
+class RefProbe:
+    """Holds one object the way a storage payload holds its array: calibrates `sys.getrefcount`
+    (here and in compile.py's donation check) instead of assuming how CPython counts."""
+
     __slots__ = ("array",)
 
 
-_probe = _Probe()
+_probe = RefProbe()
 _probe.array = object()
 _PAYLOAD_ONLY = sys.getrefcount(_probe.array)  # references to an array only a payload holds, as counted below
 del _probe
 
 
 _get_ident = threading.get_ident
-_device_threads: set = (
-    set()
-)  # Python threads that have read or written tpu payloads (see can_update_in_place)
-_device_thread = [None]  # the one that did last
+# Python threads that have read or written tpu payloads (see can_update_in_place), and the one that did last
+_device_threads: set = set()
+_device_thread = [None]
 # held from a donation's check until the payload has the new array: a thread using tpu tensors for the
 # first time waits for it, and every later check sees two threads
 DONATION_LOCK = threading.RLock()
