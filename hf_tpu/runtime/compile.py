@@ -12,6 +12,7 @@ are donated to XLA so it updates them in place instead of copying (`HF_TPU_DONAT
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -25,7 +26,7 @@ from hf_tpu.runtime import platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.lowering_table import graph_lowering
 from hf_tpu.runtime.storage import REGISTRY
-from hf_tpu.runtime.tensor import RefProbe, to_jax, wrap
+from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax, wrap
 
 log = logging.getLogger("hf_tpu.compile")
 _warned: set = set()
@@ -220,26 +221,29 @@ class GraphProgram:
             else:
                 arrays.append(a)
         keys = rng.next_material(self.n_random) if self.n_random else None
-        plan = self.donation_plan
-        donated = self._donatable(args, arrays) if plan and _donate_enabled() else ()
-        try:
-            if donated:
-                outs = self._call_donating(donated, keys, arrays)
-            else:
-                outs = self._jitted(keys, *arrays)
-        except Exception as exc:  # noqa: BLE001
-            raise op_failure(f"compiled graph {self.name}", list(args), [0] * len(args), exc) from exc
+        plan = self.donation_plan if _donate_enabled() else ()
+        # donating: from the check until the payloads hold the results, so that another thread reads
+        # either the old array (and its reference stops the donation) or the new one (tensor._array_of)
+        with DONATION_LOCK if plan else contextlib.nullcontext():
+            donated = self._donatable(args, arrays) if plan else ()
+            try:
+                if donated:
+                    outs = self._call_donating(donated, keys, arrays)
+                else:
+                    outs = self._jitted(keys, *arrays)
+            except Exception as exc:  # noqa: BLE001
+                raise op_failure(f"compiled graph {self.name}", list(args), [0] * len(args), exc) from exc
+            # a donated input's old buffer is gone: point its storage at the new value now, and return
+            # the input itself (an alias) as that "updated value" output, so aot_autograd's write-back
+            # `input.copy_(new)` stores the same array again and no second storage holds it (one would
+            # have to be swept before the next call could donate the buffer again)
+            updated = {}
+            for i, k in plan:
+                if i in donated:
+                    REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[k])
+                    updated[k] = args[i].detach()
         if not self._storm_warned:
             self._check_recompile_storm(args)
-        # a donated input's old buffer is gone: point its storage at the new value now, and return the
-        # input itself (an alias) as that "updated value" output, so aot_autograd's write-back
-        # `input.copy_(new)` stores the same array again and no second storage holds it (one would
-        # have to be swept before the next call could donate the buffer again)
-        updated = {}
-        for i, k in plan:
-            if i in donated:
-                REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[k])
-                updated[k] = args[i].detach()
         # for synchronize(); not the donated outputs: an extra reference would block their next donation
         platform.last_launched[0] = [o for k, o in enumerate(outs) if k not in updated]
         out_specs = self._out_specs

@@ -15,7 +15,7 @@ from hf_tpu.runtime.dtypes import UnsupportedDtypeError, to_jax_dtype, to_torch_
 from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.memory import check_capacity
 from hf_tpu.runtime.storage import REGISTRY
-from hf_tpu.runtime.strided import box_plan, read_box, write_box
+from hf_tpu.runtime.strided import box_plan, grid_shape, grid_starts, read_box, write_box, write_grid
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
@@ -160,20 +160,21 @@ def op_input(t: torch.Tensor, bake_offset: bool):
     p = _payloads.get(t.untyped_storage().data_ptr())
     if p is None:
         return _foreign(t), None, None
+    array = p.array if len(_device_threads) <= 1 else _array_of(p)
     shape = t.shape
     offset = t.storage_offset()
-    if p.array is None:  # never written (torch.empty): reads as zeros
+    if array is None:  # never written (torch.empty): reads as zeros
         return _zeros(tuple(shape), t.dtype), None, None
     if t.dtype != p.dtype:
         read = _read_reinterpret(p.shape, p.dtype, tuple(shape), t.stride(), t.dtype)
-        return _call(read, p.array, offset), None, None
+        return _call(read, array, offset), None, None
     contiguous = t.is_contiguous()
     if offset == 0 and contiguous and shape == p.shape:
-        return p.array, None, None
+        return array, None, None
     stride = None if contiguous else t.stride()
     if bake_offset or offset == 0:
-        return p.array, View(p.shape, tuple(shape), stride, offset), None
-    return p.array, View(p.shape, tuple(shape), stride, None), offset
+        return array, View(p.shape, tuple(shape), stride, offset), None
+    return array, View(p.shape, tuple(shape), stride, None), offset
 
 
 def op_inputs(tensors, bake_offset: bool) -> tuple[list, tuple]:
@@ -264,7 +265,13 @@ def write(t: torch.Tensor, value) -> None:
         if t.is_contiguous():
             put = _write_contiguous(p.shape, shape)
         else:
-            put = _write_strided(p.shape, shape, t.stride())
+            stride = t.stride()
+            plan = _write_plan(shape, stride)
+            starts = None if plan is None else grid_starts(_numel(p.shape), shape, stride, offset, plan)
+            if starts is None:
+                put = _write_strided(p.shape, shape, stride)
+            else:  # a rectangle of the buffer's grid: written in place at `starts` (strided.py)
+                put, offset = _write_grid(p.shape, shape, stride), starts
     else:
         put = _write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype)
     if type(value) is not LazyValue and can_update_in_place(p):
@@ -272,7 +279,9 @@ def write(t: torch.Tensor, value) -> None:
             if can_update_in_place(p):  # still (another thread may have appeared)
                 REGISTRY.set_array(ptr, run_donating(put, 0, p.array, value, offset))
                 return
-    base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
+    base = p.array if len(_device_threads) <= 1 else _array_of(p)
+    if base is None:
+        base = _zeros(p.shape, p.dtype)
     REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=p.shape if t.dtype == p.dtype else None))
 
 
@@ -291,21 +300,22 @@ del _probe
 
 
 _get_ident = threading.get_ident
-# Python threads that have read or written tpu payloads (see can_update_in_place), and the one that did last
+# Python threads that have read or written tpu payloads, and the one that did last: with more than one,
+# payload arrays are read under DONATION_LOCK (`_array_of`)
 _device_threads: set = set()
 _device_thread = [None]
-# held from a donation's check until the payload has the new array: a thread using tpu tensors for the
-# first time waits for it, and every later check sees two threads
+# held from a donation's check until the payload has the new array; a thread using tpu tensors for the
+# first time waits for it (it may have read a payload's array without the lock just before)
 DONATION_LOCK = threading.RLock()
 
 
 def note_device_thread() -> None:
     _device_thread[0] = ident = _get_ident()
     if ident not in _device_threads:
-        _device_threads.add(ident)
         with DONATION_LOCK:  # a donation started before this thread was seen finishes first
-            pass
+            _device_threads.add(ident)
         if len(_device_threads) > 1:
+            _one_device_thread()  # forget threads that ended
             modes.another_thread_started()
 
 
@@ -328,18 +338,27 @@ def _one_device_thread() -> bool:
     return len(_device_threads) <= 1
 
 
+def _array_of(p):
+    """Payload `p`'s array, read while no donation is under way: with several threads using tpu tensors,
+    a donor holds DONATION_LOCK from its check until the payload holds the result, so a reader gets
+    either the old array before the check (its reference then stops the donation) or the new one."""
+    with DONATION_LOCK:
+        return p.array
+
+
 def can_update_in_place(p) -> bool:
     """Whether XLA may overwrite payload `p`'s buffer (donate it) instead of writing a new one.
 
-    In Strict mode only (a recording holds its inputs), only while one Python thread uses tpu tensors
-    (another one could take the array between this check and the donation, and find it deleted), and
-    only when nothing but the payload references the array: not another storage (`copy_` and same-dtype
-    `.to` share arrays), a pending async copy to host, a DeferAndFuse recording, or user code. The newest
-    launch's record (`platform.last_launched`) may hold it too: `run_donating` replaces that record. A
-    partial write into a large tensor (`x[i] = v`, a KV-cache slot) then costs the slice, not a copy of
-    the whole buffer.
+    Call it holding DONATION_LOCK, and keep holding it until the payload has the result (readers in
+    other threads take the lock to read a payload's array, `_array_of`). In Strict mode only (a
+    recording holds its inputs), and only when nothing but the payload references the array: not
+    another storage (`copy_` and same-dtype `.to` share arrays), a pending async copy to host, a
+    DeferAndFuse recording, another thread's op, or user code. The newest launch's record
+    (`platform.last_launched`) may hold it too: `run_donating` replaces that record. A partial write
+    into a large tensor (`x[i] = v`, a KV-cache slot) then costs the slice, not a copy of the whole
+    buffer.
     """
-    if p.array is None or lazy._enabled or type(p.array) is LazyValue or not _one_device_thread():
+    if p.array is None or lazy._enabled or type(p.array) is LazyValue:
         return False
     last = platform.last_launched[0]
     extra = 1 if last is p.array else sum(x is p.array for x in last) if type(last) in (list, tuple) else 0
@@ -418,6 +437,19 @@ def _write_contiguous(base_shape, shape):
         return jax.lax.dynamic_update_slice(flat, value.reshape(-1), (offset,)).reshape(base_shape)
 
     return jax.jit(put)
+
+
+@cache
+def _write_plan(shape: tuple, stride: tuple):
+    return box_plan(shape, stride, for_write=True)
+
+
+@cache
+def _write_grid(base_shape, shape, stride):
+    jax = platform.jax()
+    plan = box_plan(shape, stride, for_write=True)
+    grid = grid_shape(_numel(base_shape), stride, plan)
+    return jax.jit(lambda base, value, starts: write_grid(jax, base, value, starts, plan, grid))
 
 
 @cache

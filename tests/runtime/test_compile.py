@@ -1,5 +1,6 @@
 """torch.compile(backend="tpu"): correct numerics, cache hits, graph breaks, training steps."""
 
+import sys
 import warnings
 
 import pytest
@@ -242,3 +243,39 @@ def test_graph_dynamo_made_dynamic_is_correct_for_every_length():
         torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x))
         graphs.append(tpu_compile._counter[0])
     assert graphs[-1] <= graphs[0] + 1, "every new length traced a new graph: the dynamic graph was not used"
+
+
+def test_another_thread_reading_a_buffer_compiled_steps_donate():
+    """A reader thread never gets an array a compiled step is donating ("Array has been deleted")."""
+    import threading
+
+    dev_cache, dev_buf = torch.zeros(1, 2, 6, 4, device="tpu"), torch.zeros(3, 3, device="tpu")
+    step = torch.compile(_kv_step, backend="tpu")
+    new, x = torch.ones(1, 2, 1, 4, device="tpu"), torch.ones(3, 3, device="tpu")
+    positions = [torch.tensor([i % 6], device="tpu") for i in range(6)]
+    step(dev_cache, dev_buf, positions[0], new, x)
+    errors, reads, stop = [], [], threading.Event()
+
+    def read():
+        while not stop.is_set():
+            try:
+                reads.append(float(dev_cache[0, 0, 0, 0].cpu()))
+            except Exception as exc:  # noqa: BLE001 - asserted on below
+                errors.append(repr(exc))
+
+    reader = threading.Thread(target=read)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # interleave the threads as finely as possible
+    reader.start()
+    try:
+        for i in range(300):
+            step(dev_cache, dev_buf, positions[i % 6], new * i, x)
+    finally:
+        stop.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+    assert errors == [] and reads
+    expected = torch.zeros(1, 2, 6, 4)
+    for i in range(294, 300):
+        expected[:, :, i % 6] = float(i)
+    torch.testing.assert_close(dev_cache.cpu(), expected)
