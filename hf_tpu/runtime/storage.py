@@ -59,6 +59,7 @@ class StorageRegistry:
         self._next_ptr = _FIRST_PTR
         self._since_sweep = 0
         self._bytes_since_sweep = 0
+        self._live_after_sweep = 0
         self.allocated = 0
         self.peak = 0
         # pointers of payloads that were given a pending LazyValue (materialized at the next flush);
@@ -77,9 +78,11 @@ class StorageRegistry:
                 self.allocated += nbytes
                 if self.allocated > self.peak:
                     self.peak = self.allocated
-            # amortized O(1) per allocation, and dead buffers never outweigh a quarter of the live ones
-            # (plus 64 MiB) for long: they hold device memory until swept
-            due = (self._since_sweep > 256 and self._since_sweep > len(self._payloads)) or (
+            # amortized O(1) per allocation (a sweep visits at most twice the allocations since the last
+            # one), and dead buffers never outweigh a quarter of the live ones (plus 64 MiB) for long: they
+            # hold device memory until swept. Dead payloads kept longer also cost the cyclic GC: they
+            # survive into its oldest generation and make its full collections frequent and slow
+            due = (self._since_sweep > 256 and self._since_sweep > self._live_after_sweep) or (
                 self._bytes_since_sweep > max(1 << 26, self.allocated >> 2)
             )
             return ptr, due
@@ -153,6 +156,7 @@ class StorageRegistry:
                     self.allocated -= p.nbytes
             self._since_sweep = 0
             self._bytes_since_sweep = 0
+            self._live_after_sweep = len(self._payloads)
         return len(dead)
 
     def live_count(self) -> int:
