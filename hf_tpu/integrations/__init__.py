@@ -1,4 +1,5 @@
-"""Hugging Face integrations: the only place in hf_tpu that knows accelerate/transformers/diffusers internals.
+"""Hugging Face integrations: the only place in hf_tpu that knows accelerate/transformers/diffusers internals
+(and where `torch.compile` finds the `tpu` backend, `torch_dynamo.py`).
 
 Nothing here imports those libraries. `install()` (called by `import hf_tpu`, hence at `import torch`)
 only puts a small finder on `sys.meta_path`; each patch runs when its target module finishes executing,
@@ -6,7 +7,7 @@ or at once if that module is already imported. So import order never matters, an
 not pay for `import transformers`.
 
 Which module gets which patch is the `HOOKS` table below; the patches live in `accelerate.py`,
-`transformers.py` and `diffusers.py` next to this file.
+`transformers.py`, `diffusers.py` and `torch_dynamo.py` next to this file.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "diffusers.pipelines.pipeline_utils": ("diffusers:patch_pipeline_utils",),
     "diffusers.models.modeling_utils": ("diffusers:rebind_determine_device_map",),
     "diffusers.loaders.single_file_model": ("diffusers:rebind_determine_device_map",),
+    "torch._dynamo.backends.registry": ("torch_dynamo:register_tpu_backend",),
 }
 
 _lock = threading.RLock()

@@ -449,11 +449,3 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         decompositions=_decompositions(),
         keep_inference_input_mutations=False,
     )(gm, example_inputs)
-
-
-def register_backend() -> None:
-    from torch._dynamo import list_backends
-    from torch._dynamo import register_backend as _register
-
-    if "tpu" not in list_backends(exclude_tags=()):
-        _register(name="tpu")(tpu_backend)

@@ -279,3 +279,53 @@ def test_another_thread_reading_a_buffer_compiled_steps_donate():
     for i in range(294, 300):
         expected[:, :, i % 6] = float(i)
     torch.testing.assert_close(dev_cache.cpu(), expected)
+
+
+def test_first_compiles_in_several_threads_at_once():
+    """TorchDynamo registers an entry-point backend on its first lookup, without a lock; hf_tpu registers
+    `tpu` as TorchDynamo's registry loads, so threads compiling at once do not fail "duplicate name"."""
+    from tests.runtime.test_device import run_python
+
+    r = run_python(
+        """
+        import threading
+        import torch
+
+        def f(x):
+            return torch.tanh(x @ x) + 1
+
+        done, errors = [], []
+
+        def run(i):
+            try:
+                x = torch.randn(8 + i, 8 + i)
+                out = torch.compile(f, backend="tpu")(x.to("tpu"))
+                torch.testing.assert_close(out.cpu(), f(x), atol=1e-4, rtol=1e-4)
+                done.append(i)
+            except Exception as exc:
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+        assert not errors and sorted(done) == [0, 1, 2, 3], errors
+        import sys
+        assert "jax" in sys.modules
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_importing_torchdynamo_registers_tpu_without_loading_jax():
+    from tests.runtime.test_device import run_python
+
+    r = run_python(
+        """
+        import sys
+        import torch._dynamo
+        from torch._dynamo.backends.registry import _COMPILER_FNS
+        assert "tpu" in _COMPILER_FNS and "tpu" in torch._dynamo.list_backends()
+        assert "jax" not in sys.modules
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -1,0 +1,24 @@
+"""`torch.compile(backend="tpu")`: registered the moment TorchDynamo's backend registry is imported.
+
+TorchDynamo registers a backend named by an entry point on its first lookup, without a lock: threads
+whose first `torch.compile` call runs at the same time both register it, and all but one fail with
+"duplicate name: tpu". Registering it as the registry module loads (the import lock runs that once)
+leaves nothing for the lookups to do. The backend itself loads on the first compile, so importing
+TorchDynamo does not import JAX.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+
+def tpu(gm, example_inputs, **kwargs):
+    """The `tpu` backend (`hf_tpu.runtime.compile.tpu_backend`), imported when first used."""
+    from hf_tpu.runtime.compile import tpu_backend
+
+    return tpu_backend(gm, example_inputs, **kwargs)
+
+
+def register_tpu_backend(registry: ModuleType) -> None:
+    if "tpu" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=tpu, name="tpu")
