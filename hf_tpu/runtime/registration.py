@@ -61,8 +61,9 @@ def register() -> None:
         fallback_lib = torch.library.Library("_", "IMPL")
         fallback_lib.fallback(dispatch.fallback, "PrivateUse1")
         _libs.append(fallback_lib)
-        from hf_tpu.runtime import accelerator_api, pinned, printing
+        from hf_tpu.runtime import accelerator_api, autocast, pinned, printing
 
+        autocast.register()
         accelerator_api.install()
         printing.install()
         pinned.install()

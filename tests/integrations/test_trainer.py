@@ -67,3 +67,11 @@ def test_training_arguments_on_tpu(tmp_path):
     assert args.dataloader_pin_memory is False  # pinning is a no-op on tpu: no pinning thread
     assert str(getattr(args.optim, "value", args.optim)) == "adamw_torch_fused"  # runs aten::_fused_adamw_
     assert TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True).device.type == "cpu"
+
+
+def test_trainer_with_bf16_mixed_precision_matches_cpu(tmp_path):
+    """accelerate enters torch.autocast("tpu", bfloat16) for bf16=True: it runs, with CPU's losses."""
+    _, _, cpu_losses = _train(tmp_path, use_cpu=True, bf16=True)
+    trainer, _, losses = _train(tmp_path, use_cpu=False, bf16=True)
+    assert trainer.accelerator.mixed_precision == "bf16" and trainer.args.device.type == "tpu"
+    assert losses == pytest.approx(cpu_losses, abs=1e-3)
