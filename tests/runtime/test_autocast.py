@@ -37,7 +37,7 @@ def test_matmuls_run_in_the_autocast_dtype_with_cpu_values(dtype):
 
 
 def test_precision_sensitive_ops_run_in_float32_and_mixed_inputs_promote():
-    (x, tx), (h, th) = _pair(3, 8), _pair(3, 8, dtype=torch.bfloat16)
+    (_, tx), (h, th) = _pair(3, 8), _pair(3, 8, dtype=torch.bfloat16)
     with torch.autocast("tpu", dtype=torch.bfloat16):
         assert torch.exp(th).dtype == torch.float32
         assert F.layer_norm(th, (8,)).dtype == torch.float32
@@ -54,7 +54,7 @@ def test_precision_sensitive_ops_run_in_float32_and_mixed_inputs_promote():
 
 
 def test_only_tpu_floating_tensors_inside_an_enabled_region_are_cast():
-    (a, ta), (d, td) = _pair(4, 4), _pair(4, 4, dtype=torch.float64)
+    (a, ta), (_, td) = _pair(4, 4), _pair(4, 4, dtype=torch.float64)
     assert (ta @ ta).dtype == torch.float32  # outside autocast
     with torch.autocast("tpu", dtype=torch.bfloat16):
         assert (td @ td).dtype == torch.float64  # float64 is never cast
