@@ -20,5 +20,8 @@ def tpu(gm, example_inputs, **kwargs):
 
 
 def register_tpu_backend(registry: ModuleType) -> None:
-    if "tpu" not in registry._COMPILER_FNS:
+    # Only while TorchDynamo has not discovered its entry-point backends yet. Once it has, the lookup
+    # that is importing hf_tpu through the entry point (torch.compile before `import hf_tpu`, with
+    # autoloading off) registers `tpu` itself right after, and a second registration would fail.
+    if "tpu" not in registry._COMPILER_FNS and "tpu" not in registry._BACKENDS:
         registry.register_backend(compiler_fn=tpu, name="tpu")

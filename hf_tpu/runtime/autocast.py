@@ -8,7 +8,8 @@ through the key, except the ones CUDA's autocast casts (aten/src/ATen/autocast_m
 - lower precision: matmuls, convolutions, linear, attention run in the autocast dtype;
 - fp32: ops that lose too much in 16 bits (exp/log/pow, norms, losses, upsampling) run in float32;
 - fp32 unless a dtype is given: softmax, log_softmax, sum, prod, cumsum, cumprod, vector/matrix norms;
-- promote: ops mixing several inputs (cat, stack, addcmul, index_put, ...) run in the widest input dtype.
+- promote: ops mixing several inputs (cat, stack, addcmul, index_put, ...) run in the widest input dtype;
+- refused: binary_cross_entropy (use the `_with_logits` form), with CUDA's message.
 
 Only floating tpu tensors other than float64 are cast, as on CUDA. Casts are not cached across ops (CUDA
 caches the casts of parameters inside an autocast region): a parameter is cast again at each use.
@@ -78,6 +79,7 @@ FP32 = (
     "softplus",
     "layer_norm",
     "native_layer_norm",
+    "rms_norm",
     "group_norm",
     "frobenius_norm.dim",
     "nuclear_norm",
@@ -147,6 +149,9 @@ PROMOTE = (
     "cat",
     "stack",
 )
+
+# unsafe in 16 bits: refused inside autocast, as CUDA does
+BANNED = ("binary_cross_entropy",)
 
 _libs: list = []
 
@@ -225,6 +230,19 @@ def _promote(op):
     return kernel
 
 
+def _banned(op):
+    def kernel(*args, **kwargs):
+        raise RuntimeError(
+            f"torch.nn.functional.{op._schema.name.removeprefix('aten::')} and torch.nn.BCELoss are unsafe to "
+            "autocast. Many models use a sigmoid layer right before the binary cross entropy layer. In this "
+            "case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits or "
+            "torch.nn.BCEWithLogitsLoss. binary_cross_entropy_with_logits and BCEWithLogits are safe to "
+            "autocast."
+        )
+
+    return kernel
+
+
 def _overload(name: str):
     packet, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, packet, None)
@@ -245,6 +263,7 @@ def register() -> None:
         (FP32, _fp32),
         (FP32_UNLESS_DTYPE, _fp32_unless_dtype),
         (PROMOTE, _promote),
+        (BANNED, _banned),
     ):
         for name in names:
             op = _overload(name)

@@ -110,6 +110,8 @@ def _to_copy(
     dtype = dtype or self.dtype
     target = torch.device(device) if device is not None else self.device
     if target.type == "tpu":
+        if target.index:
+            _check_index(target)
         if self.device.type == "tpu":
             return new_tensor(self.shape, dtype, _fit(to_jax_lazy(self), self.shape, dtype))
         value = host_to_jax(self)
@@ -126,8 +128,16 @@ def _local_scalar_dense(self: torch.Tensor):
     return jax_to_host(value).item()
 
 
+@lowers("aten::record_stream", kind="host")
+def record_stream(self: torch.Tensor, stream) -> None:
+    """Nothing to record: a JAX buffer stays alive until the work that reads it has finished."""
+    return None
+
+
 @lowers("aten::empty.memory_format", kind="host")
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    if device is not None and torch.device(device).index:
+        _check_index(device)
     dtype = dtype or torch.get_default_dtype()
     to_jax_dtype(dtype)
     if memory_format in (torch.channels_last, torch.channels_last_3d) and len(size) in (4, 5):
@@ -138,6 +148,8 @@ def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory
 
 @lowers("aten::empty_strided", kind="host")
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+    if device is not None and torch.device(device).index:
+        _check_index(device)
     dtype = dtype or torch.get_default_dtype()
     to_jax_dtype(dtype)
     return new_strided(size, stride, dtype)
@@ -164,6 +176,14 @@ def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
         write(fresh, flat.reshape(size))
     self.set_(fresh.untyped_storage(), 0, size, _contig(size))
     return self
+
+
+def _check_index(device) -> None:
+    """tpu:N for N > 0 names no device (one logical device spans the chips): say so, as CUDA refuses an
+    invalid device ordinal, instead of quietly using tpu:0."""
+    from hf_tpu.runtime.device_module import _check_index as check
+
+    check(device)
 
 
 def _contig(size):

@@ -72,6 +72,14 @@ def is_initialized() -> bool:
     return _platform.is_initialized()
 
 
+def __getattr__(name: str):
+    # `torch.tpu._initialized`, like `torch.cuda._initialized`: torch.utils.checkpoint saves and restores
+    # the device RNG state only when it is True (else dropout in a recomputed block draws a new mask)
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
+
+
 def _lazy_init() -> None:
     _platform.devices()
 
@@ -292,7 +300,8 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 # -- streams and events: valid objects with synchronous semantics ----------------------------------------
 class Stream:
-    """A tpu stream. JAX orders work itself; synchronize() waits for everything in flight."""
+    """A tpu stream. JAX orders work itself; synchronize() waits for everything in flight. (Not a
+    `torch.Stream` subclass: TorchDynamo recursed without end tracing code that used one.)"""
 
     def __init__(self, device=None, priority: int = 0, **kwargs) -> None:
         self.device = torch.device("tpu", _check_index(device))

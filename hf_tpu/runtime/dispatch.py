@@ -24,8 +24,10 @@ from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
 from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.tensor import (
+    _NO_LOCK,
     DONATION_LOCK,
     View,
+    _device_threads,
     can_update_in_place,
     op_input,
     read_input,
@@ -283,8 +285,11 @@ class OpKernel:
                     results, _ = self.run(full, full, _whole_storage_in_place(dest))
                     self._store(dest, results, dest.shape, dest.dtype, full)
                 return dest
-            results, _ = self.run(full, full)
-            self._store(dest, results, dest.shape, dest.dtype, full)
+            # several threads: compute from the destination and store into it as one step (as one stream
+            # orders two threads' `x.add_(1)` on CUDA), so neither update is lost
+            with DONATION_LOCK if len(_device_threads) > 1 else _NO_LOCK:
+                results, _ = self.run(full, full)
+                self._store(dest, results, dest.shape, dest.dtype, full)
             return dest
         # out=
         outs = [full[i] for i in self.sig.mutable]
@@ -676,9 +681,12 @@ def cpu_fallback(op, args, kwargs):
     sig = _Signature(op)
     full = sig.normalize(args, kwargs)
     cpu_full = sig.normalize(tuple(cpu_args), cpu_kwargs)
-    for i in sig.mutable:
-        if isinstance(full[i], torch.Tensor) and full[i].device.type == "tpu":
-            full[i].copy_(cpu_full[i])
+    for i in sig.mutable:  # written arguments: single tensors and lists of them (`_foreach_*_`, AMP ops)
+        targets = full[i] if isinstance(full[i], list | tuple) else [full[i]]
+        sources = cpu_full[i] if isinstance(cpu_full[i], list | tuple) else [cpu_full[i]]
+        for dst, src in zip(targets, sources):
+            if isinstance(dst, torch.Tensor) and dst.device.type == "tpu":
+                dst.copy_(src)
     mutated_ids = {id(cpu_full[i]): full[i] for i in sig.mutable}
 
     def back(r):

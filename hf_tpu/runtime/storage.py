@@ -159,6 +159,19 @@ class StorageRegistry:
             self._live_after_sweep = len(self._payloads)
         return len(dead)
 
+    def sweep_pending(self) -> None:
+        """Drop the payloads of dead storages among those given a pending LazyValue: before a flush
+        decides which values are live, so that set does not depend on when the registry last swept
+        (a sweep of every payload would cost O(live tensors) per flush)."""
+        with self._lock:
+            for ptr in self._pending:
+                p = self._payloads.get(ptr)
+                if p is not None and _expired(p.weak):
+                    del self._payloads[ptr]
+                    _free_weak_ref(p.weak)
+                    if p.counted:
+                        self.allocated -= p.nbytes
+
     def live_count(self) -> int:
         self.sweep()
         return len(self._payloads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import threading
@@ -279,10 +280,12 @@ def write(t: torch.Tensor, value) -> None:
             if can_update_in_place(p):  # still (another thread may have appeared)
                 REGISTRY.set_array(ptr, run_donating(put, 0, p.array, value, offset))
                 return
-    base = p.array if len(_device_threads) <= 1 else _array_of(p)
-    if base is None:
-        base = _zeros(p.shape, p.dtype)
-    REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=p.shape if t.dtype == p.dtype else None))
+    shape = p.shape if t.dtype == p.dtype else None
+    # with several threads, read the buffer, write the view into a copy and store it as one step: two
+    # threads writing different elements of one tensor must not lose either write
+    with DONATION_LOCK if len(_device_threads) > 1 else _NO_LOCK:
+        base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
+        REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=shape))
 
 
 # -- updating a storage's buffer in place ----------------------------------------------------------------
@@ -300,13 +303,16 @@ del _probe
 
 
 _get_ident = threading.get_ident
-# Python threads that have read or written tpu payloads, and the one that did last: with more than one,
-# payload arrays are read under DONATION_LOCK (`_array_of`)
+# threads that have read or written tpu payloads, and the one that did last: with more than one, payload
+# arrays are read under DONATION_LOCK (`_array_of`). Never pruned: a thread Python's `threading` does
+# not list (started by C code or `_thread`) may still be alive and reading.
 _device_threads: set = set()
 _device_thread = [None]
-# held from a donation's check until the payload has the new array; a thread using tpu tensors for the
-# first time waits for it (it may have read a payload's array without the lock just before)
+# held from a donation's check until the payload has the new array, and, with several threads, around a
+# read-modify-store of a buffer; a thread using tpu tensors for the first time waits for it (it may have
+# read a payload's array without the lock just before)
 DONATION_LOCK = threading.RLock()
+_NO_LOCK = contextlib.nullcontext()
 
 
 def note_device_thread() -> None:
@@ -315,7 +321,6 @@ def note_device_thread() -> None:
         with DONATION_LOCK:  # a donation started before this thread was seen finishes first
             _device_threads.add(ident)
         if len(_device_threads) > 1:
-            _one_device_thread()  # forget threads that ended
             modes.another_thread_started()
 
 
@@ -332,10 +337,8 @@ def _one_device_thread() -> bool:
     called it, which counts, waits)."""
     if len(_device_threads) <= 1:
         return True
-    _device_threads.intersection_update(
-        {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
-    )
-    return len(_device_threads) <= 1
+    live = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
+    return len(_device_threads & live) <= 1
 
 
 def _array_of(p):

@@ -34,6 +34,23 @@ def _redispatch_to_cpu(op):
     return kernel
 
 
+# setting a storage into a tensor: a byte storage torch allocated takes the tensor's dtype (storage_api.py)
+_SET_STORAGE_OPS = ("set_.source_Storage_storage_offset", "set_.source_Storage")
+
+
+def _set_storage(op):
+    handle = op._handle
+    from hf_tpu.runtime.storage_api import adopt_dtype
+
+    def kernel(*args, **kwargs):
+        out = handle.redispatch_boxed(_CPU_KEYS, *args, **kwargs)
+        adopt_dtype(args[0])
+        return out
+
+    return kernel
+
+
 def register_view_kernels(lib: torch.library.Library) -> None:
     for name in METADATA_OPS:
-        lib.impl(name, _redispatch_to_cpu(resolve(name)), "PrivateUse1")
+        kernel = _set_storage if name in _SET_STORAGE_OPS else _redispatch_to_cpu
+        lib.impl(name, kernel(resolve(name)), "PrivateUse1")

@@ -83,3 +83,39 @@ def test_training_step_under_autocast_matches_cpu_autocast():
     for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
         assert p_dev.grad.dtype == torch.float32
         torch.testing.assert_close(p_dev.grad.cpu(), p_ref.grad, atol=1e-2, rtol=1e-2)
+
+
+def _scaled_training(device: str, overflow_at=(2,)):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=2)
+    history = []
+    for step in range(6):
+        loss = model(torch.randn(5, 4).to(device)).square().mean()
+        if step in overflow_at:
+            loss = loss * float("inf")
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        history.append((scaler.get_scale(), int(scaler._growth_tracker.item())))
+    return history, [p.detach().cpu() for p in model.parameters()]
+
+
+def test_grad_scaler_unscales_skips_overflows_and_updates_the_scale_as_on_cpu():
+    cpu_history, cpu_params = _scaled_training("cpu")
+    history, params = _scaled_training("tpu")
+    assert history == cpu_history  # the overflow step backs the scale off and is skipped, then it grows
+    assert (1024.0, 0) in history and (2048.0, 0) in history
+    for a, b in zip(params, cpu_params):
+        torch.testing.assert_close(a, b)
+
+
+def test_rms_norm_runs_in_float32_and_binary_cross_entropy_is_refused_as_on_cuda():
+    x = torch.rand(4, 3, device="tpu")
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        assert F.rms_norm(x.bfloat16(), (3,)).dtype == torch.float32
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            F.binary_cross_entropy(x, x)
+        assert F.binary_cross_entropy_with_logits(x, x).dtype == torch.float32

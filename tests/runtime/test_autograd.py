@@ -41,3 +41,26 @@ def test_optimizer_steps_match_cpu(opt_name):
     for p_ref, p_dev in zip(ref.parameters(), dev.parameters()):
         assert p_dev.device.type == "tpu"
         torch.testing.assert_close(p_dev.detach().cpu(), p_ref.detach(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_checkpoint_recomputes_dropout_with_the_same_mask(reentrant):
+    """torch.utils.checkpoint saves/restores the device RNG only when `torch.tpu._initialized` is True."""
+    from torch.utils.checkpoint import checkpoint
+
+    grads = []
+    for use_checkpoint in (True, False):
+        torch.manual_seed(0)
+        lin = torch.nn.Linear(8, 8).to("tpu")
+        x = torch.randn(4, 8, device="tpu", requires_grad=True)
+        torch.manual_seed(1)
+
+        def block(t, lin=lin):
+            return torch.nn.functional.dropout(lin(t), 0.5)
+
+        y = checkpoint(block, x, use_reentrant=reentrant) if use_checkpoint else block(x)
+        y.sum().backward()
+        grads.append((lin.weight.grad.cpu(), x.grad.cpu()))
+    assert torch.tpu._initialized
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)

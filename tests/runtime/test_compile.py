@@ -329,3 +329,21 @@ def test_importing_torchdynamo_registers_tpu_without_loading_jax():
         """
     )
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_compile_before_import_hf_tpu_with_autoload_off():
+    """TorchDynamo finds `tpu` through its entry point (which imports hf_tpu); the registration hf_tpu
+    makes as it loads must not collide with the one the lookup makes next ("duplicate name: tpu")."""
+    from tests.runtime.test_device import run_python
+
+    r = run_python(
+        """
+        import torch
+        compiled = torch.compile(lambda x: x * 2, backend="tpu")
+        assert compiled(torch.ones(2)).tolist() == [2.0, 2.0]
+        import torch._dynamo
+        assert "tpu" in torch._dynamo.list_backends()
+        """,
+        TORCH_DEVICE_BACKEND_AUTOLOAD="0",
+    )
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -173,3 +173,23 @@ def test_mem_get_info_on_host_memory_is_bounded_by_what_the_host_has():
     assert 0 < free <= total
     if memory.host_backed():
         assert free <= psutil.virtual_memory().available + (64 << 20)  # it may have grown since
+
+
+def test_tensors_record_streams():
+    x = torch.ones(3, device="tpu")
+    x.record_stream(
+        torch.Stream(device="tpu")
+    )  # nothing to record: JAX keeps buffers alive while work reads them
+    assert (x * 2).cpu().tolist() == [2.0] * 3
+
+
+def test_torch_equal_on_tpu_matches_cpu():
+    cases = [
+        (torch.tensor([1, 2]), torch.tensor([1.0, 2.0])),
+        (torch.tensor([1.0, float("nan")]), torch.tensor([1.0, float("nan")])),
+        (torch.ones(2, 3), torch.ones(3, 2)),
+        (torch.arange(6.0).reshape(2, 3).t(), torch.arange(6.0).reshape(2, 3).t().contiguous()),
+        (torch.tensor([True, False]), torch.tensor([True, True])),
+    ]
+    for a, b in cases:
+        assert torch.equal(a.to("tpu"), b.to("tpu")) == torch.equal(a, b), (a, b)

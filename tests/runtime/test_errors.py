@@ -106,3 +106,27 @@ def test_launch_blocking_env_selects_debug_mode():
 def test_unsupported_dtype_is_clear():
     with pytest.raises(TypeError, match="not supported on the tpu device"):
         torch.empty(2, dtype=torch.complex32, device="tpu")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.ones(1, device="tpu:1"),
+        lambda: torch.empty(2, 2, device="tpu:2"),
+        lambda: torch.ones(1).to("tpu:1"),
+        lambda: torch.tensor([1.0], device="tpu:1"),
+    ],
+)
+def test_a_device_index_other_than_0_is_refused(make):
+    """Like CUDA's "invalid device ordinal": tpu:0 is the one logical device (it spans the chips)."""
+    with pytest.raises(ValueError, match=r"tpu:\d does not exist.*Use 'tpu' or 'tpu:0'"):
+        make()
+
+
+def test_cpu_fallback_copies_back_written_tensor_lists():
+    """A fallback op that writes a list argument (`_foreach_*_`, AMP's unscale) updates the tpu tensors."""
+    from hf_tpu.runtime import dispatch
+
+    xs = [torch.ones(3, device="tpu"), torch.full((2,), 2.0, device="tpu")]
+    dispatch.cpu_fallback(torch.ops.aten._foreach_mul_.Scalar, (xs, 3.0), {})
+    assert xs[0].cpu().tolist() == [3.0] * 3 and xs[1].cpu().tolist() == [6.0] * 2

@@ -264,3 +264,64 @@ def test_box_writes_cost_the_view_not_the_buffer():
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     assert cost["bytes accessed"] < 1 << 16, cost["bytes accessed"]
+
+
+def test_a_reader_thread_threading_does_not_list_never_gets_a_donated_buffer():
+    """Threads started by C code (or `_thread`) are not in threading.enumerate(); they still read payloads
+    under the lock, so the main thread's donations never hand them a deleted buffer."""
+    import _thread
+    import sys
+    import threading
+
+    x, _ = _written(1 << 14)
+    errors, stop, done = [], [False], threading.Event()
+
+    def reader():
+        try:
+            while not stop[0]:
+                (x * 2).sum().item()
+        except Exception as exc:  # noqa: BLE001 - asserted on below
+            errors.append(repr(exc))
+        done.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        _thread.start_new_thread(reader, ())
+        for _ in range(3000):
+            x.add_(1)
+    finally:
+        stop[0] = True
+        done.wait(30)
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert x[0].item() == 3000
+
+
+def test_threads_writing_one_tensor_lose_no_write():
+    """Two threads writing their own rows of one tensor, and both incrementing it: every write lands, as
+    with CPU tensors (each update reads, changes and stores the buffer as one step)."""
+    import sys
+    import threading
+
+    n = 400
+    buf = torch.zeros(2, n, device="tpu")
+    counter = torch.zeros(4, device="tpu")
+
+    def work(row):
+        for i in range(n):
+            buf[row, i] = float(i + 1)
+            counter.add_(1)
+            if i % 3 == 0:
+                buf[1 - row].sum()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+        [t.start() for t in threads]
+        [t.join() for t in threads]
+    finally:
+        sys.setswitchinterval(interval)
+    assert torch.equal(buf.cpu(), torch.arange(1, n + 1, dtype=torch.float32).expand(2, n))
+    assert counter.cpu().tolist() == [2.0 * n] * 4

@@ -236,3 +236,30 @@ def clamp_min(x, min):  # noqa: A002
 @lowers("aten::clamp_max", "aten::clamp_max.Tensor")
 def clamp_max(x, max):  # noqa: A002
     return clamp_values(x, hi=max)
+
+
+@lowers("aten::equal", kind="host")
+def equal(a, b) -> bool:
+    """`torch.equal`: same shape and same values (NaN never equals, values compared after promotion)."""
+    if a.device != b.device:
+        raise RuntimeError(
+            "Expected all tensors to be on the same device, but found at least two devices, "
+            f"{a.device} and {b.device}!"
+        )
+    if tuple(a.shape) != tuple(b.shape):
+        return False
+    from hf_tpu.runtime.tensor import to_jax
+
+    x, y = to_jax(a), to_jax(b)
+    return bool(_all_equal(x, y))
+
+
+_all_equal_jit: list = []
+
+
+def _all_equal(x, y):
+    if not _all_equal_jit:
+        import jax
+
+        _all_equal_jit.append(jax.jit(lambda p, q: jnp.all(p == q)))
+    return _all_equal_jit[0](x, y)
