@@ -432,3 +432,12 @@ def _pdist_backward(grad, x, p: float, pdist):
     terms = _pnorm_grad(xc[i] - xc[j], grad.astype(ct), pdist.astype(ct), p)
     out = jnp.zeros(x.shape, ct).at[i].add(terms).at[j].add(-terms)
     return out.astype(x.dtype)
+
+
+@lowers("aten::linalg_qr")
+def linalg_qr(a, mode="reduced"):
+    """Householder QR (LAPACK's geqrf/orgqr on CPU, as PyTorch); mode "r" returns an empty Q."""
+    if mode == "r":
+        return jnp.zeros((0,), a.dtype), jnp.linalg.qr(a, mode="r")
+    q, r = jnp.linalg.qr(a, mode=mode)
+    return q, r

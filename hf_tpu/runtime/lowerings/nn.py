@@ -752,3 +752,15 @@ def nll_loss2d_backward(grad_output, x, target, weight, reduction, ignore_index,
     flat = _nll_grad(g, _class_last(x), target.reshape(-1), weight, reduction, ignore_index, total_weight)
     spatial = x.shape[2:]
     return jnp.moveaxis(flat.reshape((x.shape[0],) + spatial + (x.shape[1],)), -1, 1)
+
+
+@lowers("aten::_weight_norm_interface_backward")
+def _weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """Gradients of w = g * v / ||v|| (norm over every dim but `dim`; over all of them for dim -1), as
+    PyTorch's CPU kernel: grad_g = <grad_w, v> / ||v||, grad_v = g / ||v|| * (grad_w - v * grad_g / ||v||)."""
+    gw, v, g, norms = (_upcast(x) for x in (grad_w, saved_v, saved_g, saved_norms))
+    axes = tuple(i for i in range(v.ndim) if i != dim) if 0 <= dim < v.ndim else tuple(range(v.ndim))
+    norms = norms.reshape(tuple(1 if i in axes else v.shape[i] for i in range(v.ndim)))
+    grad_g = jnp.sum(gw * v, axis=axes, keepdims=True) / norms
+    grad_v = (g.reshape(norms.shape) / norms) * (gw - v * (grad_g / norms))
+    return grad_v.astype(saved_v.dtype), grad_g.reshape(saved_g.shape).astype(saved_g.dtype)

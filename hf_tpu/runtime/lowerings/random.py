@@ -384,3 +384,28 @@ def randperm_generator_out(n, *, generator=None, out):
     if tuple(out.shape) != (n,):
         out.resize_((n,))
     return out.copy_(result)
+
+
+@lowers("aten::_standard_gamma", random=True)
+def standard_gamma(key, alpha, generator=None):
+    """Gamma(alpha, 1) samples in alpha's shape (Gamma, Beta and Dirichlet distributions sample with it);
+    half types draw in float32."""
+    _check_generator_free(generator)
+    ct = jnp.float32 if alpha.dtype in (jnp.bfloat16, jnp.float16) else alpha.dtype
+    return jax.random.gamma(key, alpha.astype(ct), dtype=ct).astype(alpha.dtype)
+
+
+@lowers("aten::_standard_gamma_grad")
+def standard_gamma_grad(alpha, sample):
+    """d sample / d alpha of a Gamma(alpha, 1) sample (the reparameterized gradient of rsample)."""
+    ct = jnp.float32 if alpha.dtype in (jnp.bfloat16, jnp.float16) else alpha.dtype
+    return jax.lax.random_gamma_grad(alpha.astype(ct), sample.astype(ct)).astype(alpha.dtype)
+
+
+@lowers("aten::_sample_dirichlet", random=True)
+def sample_dirichlet(key, alpha, generator=None):
+    """Dirichlet(alpha) samples over the last dim: Gamma(alpha_i, 1) draws normalized to sum to 1."""
+    _check_generator_free(generator)
+    ct = jnp.float32 if alpha.dtype in (jnp.bfloat16, jnp.float16) else alpha.dtype
+    g = jax.random.gamma(key, alpha.astype(ct), dtype=ct)
+    return (g / jnp.sum(g, axis=-1, keepdims=True)).astype(alpha.dtype)
