@@ -33,6 +33,14 @@ __all__ = [
     "empty_cache",
     "get_amp_supported_dtype",
     "get_device_name",
+    "get_device_properties",
+    "get_per_process_memory_fraction",
+    "ipc_collect",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "set_per_process_memory_fraction",
+    "device_of",
+    "OutOfMemoryError",
     "get_eager_mode",
     "get_rng_state",
     "get_rng_state_all",
@@ -288,6 +296,80 @@ def memory_stats(device=None) -> dict:
         "active.all.current": len(_REGISTRY._payloads),
         "bytes_limit": _memory.capacity(),
     }
+
+
+def reset_accumulated_memory_stats(device=None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Cap what tpu tensors may allocate at `fraction` of the device's capacity: a larger allocation
+    raises torch.OutOfMemoryError, as the CUDA caching allocator does past its fraction."""
+    _check_index(device)
+    if not isinstance(fraction, float | int) or not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _memory.set_fraction(float(fraction))
+
+
+def get_per_process_memory_fraction(device=None) -> float:
+    _check_index(device)
+    return _memory.fraction()
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A short human-readable report of tpu memory (what torch.cuda.memory_summary reports, in brief)."""
+    _check_index(device)
+    _REGISTRY.sweep()
+    free, total = mem_get_info(device)
+    rows = [
+        ("Allocated memory (live tensors)", _memory._human(_REGISTRY.allocated)),
+        ("Peak allocated memory", _memory._human(_REGISTRY.peak)),
+        ("Live storages", str(len(_REGISTRY._payloads))),
+        ("Device capacity", _memory._human(total)),
+        ("Allocation limit (memory fraction)", f"{_memory._human(_memory.limit())} ({_memory.fraction():g})"),
+        ("Free", _memory._human(free)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"|  tpu:0 memory summary ({get_device_name()})", "|" + "-" * (width + 20)]
+    lines += [f"|  {k:<{width}}  {v}" for k, v in rows]
+    return "\n".join(lines) + "\n"
+
+
+def ipc_collect() -> None:
+    """Nothing to collect: tpu tensors are not shared between processes through IPC handles."""
+    _REGISTRY.sweep()
+
+
+class _DeviceProperties:
+    """What `get_device_properties` returns: the fields torch.cuda's device properties share with a TPU."""
+
+    def __init__(self) -> None:
+        d = _platform.default_device()
+        self.name = getattr(d, "device_kind", d.platform)
+        self.type = "tpu"
+        self.platform = d.platform
+        self.chip_count = device_count()
+        self.total_memory = _memory.capacity()
+
+    def __repr__(self) -> str:
+        return (
+            f"_TpuDeviceProperties(name='{self.name}', platform='{self.platform}', "
+            f"chip_count={self.chip_count}, total_memory={self.total_memory // (1 << 20)}MB)"
+        )
+
+
+def get_device_properties(device=None) -> _DeviceProperties:
+    _check_index(device)
+    return _DeviceProperties()
+
+
+@contextlib.contextmanager
+def device_of(obj):
+    """Like torch.cuda.device_of: the device of a tpu tensor as the current device (there is only tpu:0)."""
+    yield
+
+
+OutOfMemoryError = torch.OutOfMemoryError
 
 
 def mem_get_info(device=None) -> tuple[int, int]:

@@ -23,6 +23,23 @@ def capacity() -> int:
     return _capacity_and_source()[0]
 
 
+_fraction = [1.0]
+
+
+def set_fraction(value: float) -> None:
+    """`torch.tpu.set_per_process_memory_fraction`: tpu tensors may hold at most this share of capacity."""
+    _fraction[0] = value
+
+
+def fraction() -> float:
+    return _fraction[0]
+
+
+def limit() -> int:
+    """Bytes tpu tensors may hold: the capacity times the per-process memory fraction."""
+    return int(capacity() * _fraction[0])
+
+
 def host_backed() -> bool:
     """Whether device memory is the host's RAM without a limit of its own (JAX's CPU platform, no
     HF_TPU_MEMORY_LIMIT): shared with the process and everything else on the machine."""
@@ -64,19 +81,27 @@ def allocated() -> int:
 
 def check_capacity(nbytes: int) -> None:
     """Refuse a request that cannot fit, the way CUDA does, before anything is half-built."""
-    if nbytes <= (1 << 26):
+    if nbytes <= (1 << 26) and _fraction[0] == 1.0:
         return
     from hf_tpu.runtime.storage import REGISTRY
 
-    cap = capacity()
+    cap = limit()
     if nbytes + REGISTRY.allocated > cap:
         REGISTRY.sweep()
         if nbytes + REGISTRY.allocated > cap:
             raise torch.OutOfMemoryError(
                 f"tpu out of memory: tried to allocate {_human(nbytes)} ({nbytes} bytes); the device holds "
-                f"{_human(cap)} of which {_human(REGISTRY.allocated)} is allocated by tensors. Free tensors, "
-                "use a smaller batch or dtype, or shard the model (device_map)."
+                f"{_human(cap)}{_fraction_note()} of which {_human(REGISTRY.allocated)} is allocated by tensors. "
+                "Free tensors, use a smaller batch or dtype, or shard the model (device_map)."
             )
+
+
+def _fraction_note() -> str:
+    return (
+        ""
+        if _fraction[0] == 1.0
+        else f" for this process (set_per_process_memory_fraction({_fraction[0]:g}))"
+    )
 
 
 def _human(n: int) -> str:

@@ -14,6 +14,7 @@ import torch
 from hf_tpu.runtime import lazy, modes, platform
 from hf_tpu.runtime.dtypes import UnsupportedDtypeError, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lazy import LazyValue
+from hf_tpu.runtime.memory import _fraction as _FRACTION
 from hf_tpu.runtime.memory import check_capacity
 from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.strided import box_plan, grid_shape, grid_starts, read_box, write_box, write_grid
@@ -48,6 +49,8 @@ def new_tensor(shape, dtype: torch.dtype, array=None) -> torch.Tensor:
         check_capacity(nbytes)
         if dtype in _HOST_ONLY_DTYPES:
             _check_platform_dtype(dtype)
+    elif _FRACTION[0] != 1.0:  # set_per_process_memory_fraction: every new buffer counts
+        check_capacity(nbytes)
     t = _create(shape, dtype)
     if _SWAP:
         REGISTRY.adopt(t.untyped_storage(), nbytes, shape, dtype, array)

@@ -193,3 +193,41 @@ def test_torch_equal_on_tpu_matches_cpu():
     ]
     for a, b in cases:
         assert torch.equal(a.to("tpu"), b.to("tpu")) == torch.equal(a, b), (a, b)
+
+
+def test_cuda_style_memory_and_device_helpers():
+    import torch.tpu as tpu
+
+    props = tpu.get_device_properties()
+    assert props.total_memory == tpu.mem_get_info()[1] and props.chip_count == tpu.device_count()
+    x = torch.ones(1024, 256, device="tpu")
+    summary = tpu.memory_summary()
+    assert "Allocated memory" in summary and "Device capacity" in summary
+    with tpu.device_of(x):
+        assert tpu.current_device() == 0
+    tpu.ipc_collect()
+    tpu.reset_accumulated_memory_stats()
+    assert tpu.max_memory_allocated() == tpu.memory_allocated()
+    assert tpu.OutOfMemoryError is torch.OutOfMemoryError
+
+
+def test_per_process_memory_fraction_caps_every_allocation():
+    import torch.tpu as tpu
+
+    limit = (torch.tpu.memory_allocated() + (1 << 20)) / torch.tpu.mem_get_info()[1]
+    tpu.set_per_process_memory_fraction(limit)
+    try:
+        assert tpu.get_per_process_memory_fraction() == limit
+        small = torch.ones(1024, device="tpu")  # 4 KB fits
+        for make in (
+            lambda: torch.empty(1 << 20, device="tpu"),  # 4 MB
+            lambda: torch.ones(1 << 20).to("tpu"),
+            lambda: small.repeat(1024),
+        ):
+            with pytest.raises(torch.OutOfMemoryError, match="set_per_process_memory_fraction"):
+                make()
+        with pytest.raises(ValueError, match="fraction"):
+            tpu.set_per_process_memory_fraction(1.5)
+    finally:
+        tpu.set_per_process_memory_fraction(1.0)
+    assert torch.empty(1 << 20, device="tpu").numel() == 1 << 20
