@@ -134,6 +134,7 @@ class GraphProgram:
         self._jitted = None
         self._static: tuple = ()
         self._storm_warned = False
+        self._warmed = False  # the first call compiled ahead, outside DONATION_LOCK (`_compile_ahead`)
         if self.missing:
             self._views_to_reshapes()
 
@@ -222,13 +223,16 @@ class GraphProgram:
                 arrays.append(a)
         keys = rng.next_material(self.n_random) if self.n_random else None
         plan = self.donation_plan if _donate_enabled() else ()
+        if plan and not self._warmed:
+            self._compile_ahead(args, keys, arrays)
+            plan = self.donation_plan
         # donating: from the check until the payloads hold the results, so that another thread reads
         # either the old array (and its reference stops the donation) or the new one (tensor._array_of)
         with DONATION_LOCK if plan else contextlib.nullcontext():
             donated = self._donatable(args, arrays) if plan else ()
             try:
                 if donated:
-                    outs = self._call_donating(donated, keys, arrays)
+                    outs = self._donating_fn(donated)(keys, *arrays)
                 else:
                     outs = self._jitted(keys, *arrays)
             except Exception as exc:  # noqa: BLE001
@@ -285,26 +289,34 @@ class GraphProgram:
                     shared.add(ptr)
         return tuple(i for ptr, i in ptrs.items() if ptr not in shared)
 
-    def _call_donating(self, donated: tuple, keys, arrays):
-        jax = platform.jax()
+    def _donating_fn(self, donated: tuple):
         fn = self._donating.get(donated)
         if fn is None:
+            jax = platform.jax()
             fn = self._donating[donated] = jax.jit(
                 self.interpret, static_argnums=self._static, donate_argnums=tuple(i + 1 for i in donated)
             )
-        if _compiled_count(fn):
-            return fn(keys, *arrays)
-        # its first compile: lowering warns when XLA cannot reuse a donated buffer
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            outs = fn(keys, *arrays)
+        return fn
+
+    def _compile_ahead(self, args, keys, arrays) -> None:
+        """The first call's compile, before taking DONATION_LOCK (other threads read payloads under it):
+        lower and compile the executables this call will use; the locked call then finds them in JAX's
+        caches. Lowering warns when XLA cannot reuse a donated buffer: donation is then turned off."""
+        self._warmed = True
+        donated = self._donatable(args, arrays)  # a hint: the locked check decides
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                fn = self._donating_fn(donated) if donated else self._jitted
+                fn.lower(keys, *arrays).compile()
+        except Exception:  # noqa: BLE001 - the call itself reports it, with the op's context
+            return
         for w in caught:
             if _UNUSABLE_DONATION in str(w.message):
                 log.debug("graph %s: donation not usable, turned off: %s", self.name, w.message)
                 self.donation_plan = ()
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        return outs
 
     def _output_vals(self):
         for node in self.gm.graph.nodes:
