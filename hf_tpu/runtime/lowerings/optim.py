@@ -1,4 +1,4 @@
-"""Fused optimizer steps: `_fused_adam_`, `_fused_adamw_`, `_fused_sgd_` (`torch.optim.*(fused=True)`).
+"""Fused optimizer steps: `_fused_adam_`, `_fused_adamw_`, `_fused_sgd_`, `_fused_adagrad_` (`torch.optim.*(fused=True)`).
 
 PyTorch lists PrivateUse1 among the devices with fused optimizer kernels, and transformers' Trainer
 defaults to `adamw_torch_fused`. The whole step over every parameter is one `jax.jit` (cached per
@@ -107,15 +107,42 @@ def sgd_math(
     return tuple(_skip_if_inf(found_inf, list(n), list(o)) for n, o in zip(outs, old))
 
 
+def adagrad_math(
+    params, grads, state_sums, steps, lr, lr_decay, weight_decay, eps, maximize, grad_scale, found_inf,
+    has_decay=True,
+):  # fmt: skip
+    """One Adagrad step over lists of arrays; returns (params, grads, state_sums).
+
+    `has_decay` is static (weight_decay may be traced): PyTorch skips the decay term when it is 0."""
+    outs = ([], [], [])
+    step_dtype = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    for p, g, s, step in zip(params, grads, state_sums, steps):
+        ct = opmath(p.dtype)
+        pf, sf = p.astype(ct), s.astype(ct)
+        gf, g_store = _gradient(g, ct, grad_scale, maximize)
+        if has_decay:
+            gf = gf + weight_decay * pf
+        clr = (lr / (1 + (step.astype(step_dtype) - 1) * lr_decay)).astype(ct)
+        sf = sf + gf * gf
+        std = jnp.sqrt(sf) + eps
+        pf = pf - clr * (gf / std)
+        outs[0].append(pf.astype(p.dtype))
+        outs[1].append(g_store.astype(g.dtype))
+        outs[2].append(sf.astype(s.dtype))
+    old = (params, grads, state_sums)
+    return tuple(_skip_if_inf(found_inf, list(n), list(o)) for n, o in zip(outs, old))
+
+
 _ADAM_FLOATS = ("beta1", "beta2", "weight_decay", "eps")
 _SGD_FLOATS = ("weight_decay", "momentum", "dampening")
+_ADAGRAD_FLOATS = ("lr_decay", "weight_decay", "eps")
 
 
 def _eager_kernel(kind: str, decoupled: bool = False):
     """The in-place PrivateUse1 kernel of `_fused_{adam,adamw,sgd}_` (and their `.tensor_lr`)."""
     lock = threading.Lock()
     cache: dict = {}
-    names = ("lr", *(_ADAM_FLOATS if kind == "adam" else _SGD_FLOATS))
+    names = ("lr", *{"adam": _ADAM_FLOATS, "sgd": _SGD_FLOATS, "adagrad": _ADAGRAD_FLOATS}[kind])
     n_written = 5 if kind == "adam" else 3
 
     def kernel(params, grads, *lists, **kw):
@@ -123,8 +150,10 @@ def _eager_kernel(kind: str, decoupled: bool = False):
             return None
         if kind == "adam":
             flags = (bool(kw["amsgrad"]), bool(kw["maximize"]))
-        else:
+        elif kind == "sgd":
             flags = (bool(kw["nesterov"]), bool(kw["maximize"]), bool(kw["is_first_step"]))
+        else:
+            flags = (bool(kw["maximize"]),)
         all_lists = [params, grads, *lists]
         grad_scale, found_inf = kw.get("grad_scale"), kw.get("found_inf")
         arrays = [[to_jax_lazy(t) for t in lst] for lst in all_lists]
@@ -187,6 +216,14 @@ def _math(kind, decoupled, lists, hyper, flags, nonzero, extra):
             params, grads, exp_avgs, exp_avg_sqs, max_sqs, steps, lr, beta1, beta2, weight_decay, eps,
             amsgrad, maximize, grad_scale, found_inf, decoupled, nonzero[0],
         )  # fmt: skip
+    if kind == "adagrad":
+        params, grads, state_sums, steps = lists
+        lr, lr_decay, weight_decay, eps = hyper
+        (maximize,) = flags
+        return adagrad_math(
+            params, grads, state_sums, steps, lr, lr_decay, weight_decay, eps, maximize, grad_scale,
+            found_inf, nonzero[0],
+        )  # fmt: skip
     params, grads, bufs = lists
     lr, weight_decay, momentum, dampening = hyper
     nesterov, maximize, is_first_step = flags
@@ -245,3 +282,21 @@ for _name, _kind, _decoupled in (("adam", "adam", False), ("adamw", "adam", True
     lowers(f"aten::_fused_{_name}.default", f"aten::_fused_{_name}.tensor_lr", graph=True)(
         _FunctionalStep(_kind, _decoupled)
     )
+
+
+lowers("aten::_fused_adagrad_.default", "aten::_fused_adagrad_.tensor_lr", kind="host")(
+    _eager_kernel("adagrad")
+)
+
+
+@lowers("aten::_fused_adagrad.default", "aten::_fused_adagrad.tensor_lr", graph=True)
+def fused_adagrad(
+    params, grads, state_sums, state_steps, lr, lr_decay, weight_decay, eps, maximize, grad_scale=None,
+    found_inf=None,
+):  # fmt: skip
+    """The functional step inside traced graphs: (params, grads, state_sums, state_steps) updated."""
+    p, g, s = adagrad_math(
+        list(params), list(grads), list(state_sums), list(state_steps), lr, lr_decay, weight_decay, eps,
+        maximize, grad_scale, found_inf, _nonzero(weight_decay),
+    )  # fmt: skip
+    return [p, g, s, list(state_steps)]
