@@ -37,6 +37,9 @@ OVERRIDES: dict[str, dict[torch.dtype | None, tuple[float, float]]] = {
     # matmul family: XLA:CPU's dot uses another blocking/summation order than MKL/oneDNN; the error grows
     # with K (samples go up to K~100), so allow ~1e-4 relative in f32.
     "matmul": {torch.float32: (1e-4, 1e-4)},
+    # e^A of a batch with norm ~40 cancels in float32: CPU's own result is 2.4e-3 (relative) from the
+    # float64 one and ours 1.6e-3, on different elements
+    "matrix_exp": {torch.float32: (1e-5, 5e-3)},
     "mm": {torch.float32: (1e-4, 1e-4)},
     "bmm": {torch.float32: (1e-4, 1e-4)},
     "addmm": {torch.float32: (1e-4, 1e-4)},
@@ -117,6 +120,9 @@ RANDOM: dict[str, str] = {
     "nn.functional.rrelu": "any",
     "nn.functional.fractional_max_pool2d": "any",
     "nn.functional.fractional_max_pool3d": "any",
+    # randomized algorithms (a random projection inside): U diag(S) V^H must rebuild CPU's matrix
+    "svd_lowrank": "lowrank",
+    "pca_lowrank": "lowrank",
     # uninitialized memory: any values are right
     "empty": "any",
     "empty_like": "any",
