@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from hf_tpu.runtime import host_copies, lazy, platform
+from hf_tpu.runtime.device_module import _check_index
 from hf_tpu.runtime.dtypes import numpy_from_torch, to_jax_dtype, torch_from_numpy
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.tensor import (
@@ -136,7 +137,7 @@ def record_stream(self: torch.Tensor, stream) -> None:
 
 @lowers("aten::empty.memory_format", kind="host")
 def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    if device is not None and torch.device(device).index:
+    if device is not None and device.index:
         _check_index(device)
     dtype = dtype or torch.get_default_dtype()
     to_jax_dtype(dtype)
@@ -148,7 +149,7 @@ def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory
 
 @lowers("aten::empty_strided", kind="host")
 def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
-    if device is not None and torch.device(device).index:
+    if device is not None and device.index:
         _check_index(device)
     dtype = dtype or torch.get_default_dtype()
     to_jax_dtype(dtype)
@@ -176,14 +177,6 @@ def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
         write(fresh, flat.reshape(size))
     self.set_(fresh.untyped_storage(), 0, size, _contig(size))
     return self
-
-
-def _check_index(device) -> None:
-    """tpu:N for N > 0 names no device (one logical device spans the chips): say so, as CUDA refuses an
-    invalid device ordinal, instead of quietly using tpu:0."""
-    from hf_tpu.runtime.device_module import _check_index as check
-
-    check(device)
 
 
 def _contig(size):

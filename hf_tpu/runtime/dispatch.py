@@ -24,14 +24,13 @@ from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
 from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.tensor import (
-    _NO_LOCK,
     DONATION_LOCK,
     View,
-    _device_threads,
     can_update_in_place,
     op_input,
     read_input,
     run_donating,
+    update_lock,
     wrap,
     write,
 )
@@ -132,10 +131,8 @@ def _meta_run(op, sig: _Signature, full: list):
         return _out_spec(op(*pos, **kw))
     except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
         return None
-    except (
-        AttributeError,
-        TypeError,
-    ):  # a meta kernel that breaks on optional arguments (_thnn_fused_lstm_cell's on no bias)
+    # a meta kernel that breaks on optional arguments (_thnn_fused_lstm_cell's on no bias)
+    except (AttributeError, TypeError):
         return None
     except RuntimeError as exc:
         text = str(exc)
@@ -292,7 +289,7 @@ class OpKernel:
                 return dest
             # several threads: compute from the destination and store into it as one step (as one stream
             # orders two threads' `x.add_(1)` on CUDA), so neither update is lost
-            with DONATION_LOCK if len(_device_threads) > 1 else _NO_LOCK:
+            with update_lock():
                 results, _ = self.run(full, full)
                 self._store(dest, results, dest.shape, dest.dtype, full)
             return dest

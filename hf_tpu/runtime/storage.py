@@ -150,10 +150,7 @@ class StorageRegistry:
         with self._lock:
             dead = [ptr for ptr, p in self._payloads.items() if _expired(p.weak)]
             for ptr in dead:
-                p = self._payloads.pop(ptr)
-                _free_weak_ref(p.weak)
-                if p.counted:
-                    self.allocated -= p.nbytes
+                self._drop(ptr)
             self._since_sweep = 0
             self._bytes_since_sweep = 0
             self._live_after_sweep = len(self._payloads)
@@ -167,10 +164,14 @@ class StorageRegistry:
             for ptr in self._pending:
                 p = self._payloads.get(ptr)
                 if p is not None and _expired(p.weak):
-                    del self._payloads[ptr]
-                    _free_weak_ref(p.weak)
-                    if p.counted:
-                        self.allocated -= p.nbytes
+                    self._drop(ptr)
+
+    def _drop(self, ptr: int) -> None:
+        """Forget dead storage `ptr`'s payload (and its bytes); call holding the lock."""
+        p = self._payloads.pop(ptr)
+        _free_weak_ref(p.weak)
+        if p.counted:
+            self.allocated -= p.nbytes
 
     def live_count(self) -> int:
         self.sweep()

@@ -53,9 +53,9 @@ def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
     from hf_tpu.runtime.tensor import _array_of
 
     array = _array_of(p)  # not one another thread is donating
-    clone = REGISTRY.new_storage(p.nbytes, p.shape, p.dtype, array)
     if type(array) is lazy.LazyValue and array.concrete is not None:
-        REGISTRY.set_array(clone.data_ptr(), array.concrete)
+        array = array.concrete
+    clone = REGISTRY.new_storage(p.nbytes, p.shape, p.dtype, array)
     if storage.data_ptr() in _untyped:
         _untyped.add(clone.data_ptr())
     return clone

@@ -286,7 +286,7 @@ def write(t: torch.Tensor, value) -> None:
     shape = p.shape if t.dtype == p.dtype else None
     # with several threads, read the buffer, write the view into a copy and store it as one step: two
     # threads writing different elements of one tensor must not lose either write
-    with DONATION_LOCK if len(_device_threads) > 1 else _NO_LOCK:
+    with update_lock():
         base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
         REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=shape))
 
@@ -342,6 +342,12 @@ def _one_device_thread() -> bool:
         return True
     live = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
     return len(_device_threads & live) <= 1
+
+
+def update_lock():
+    """What a read-modify-store of a buffer holds: DONATION_LOCK while several threads use tpu tensors
+    (so no thread's update is lost), nothing while one does."""
+    return DONATION_LOCK if len(_device_threads) > 1 else _NO_LOCK
 
 
 def _array_of(p):
@@ -453,7 +459,7 @@ def _write_plan(shape: tuple, stride: tuple):
 @cache
 def _write_grid(base_shape, shape, stride):
     jax = platform.jax()
-    plan = box_plan(shape, stride, for_write=True)
+    plan = _write_plan(shape, stride)
     grid = grid_shape(_numel(base_shape), stride, plan)
     return jax.jit(lambda base, value, starts: write_grid(jax, base, value, starts, plan, grid))
 
@@ -461,7 +467,7 @@ def _write_grid(base_shape, shape, stride):
 @cache
 def _write_strided(base_shape, shape, stride):
     jax = platform.jax()
-    plan = box_plan(shape, stride, for_write=True)
+    plan = _write_plan(shape, stride)
 
     def put(base, value, offset):
         if plan is not None:

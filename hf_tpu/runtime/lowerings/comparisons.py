@@ -8,6 +8,7 @@ PyTorch CPU: shifting by a negative amount or by the bit width or more yields 0 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -254,12 +255,6 @@ def equal(a, b) -> bool:
     return bool(_all_equal(x, y))
 
 
-_all_equal_jit: list = []
-
-
+@jax.jit
 def _all_equal(x, y):
-    if not _all_equal_jit:
-        import jax
-
-        _all_equal_jit.append(jax.jit(lambda p, q: jnp.all(p == q)))
-    return _all_equal_jit[0](x, y)
+    return jnp.all(x == y)
