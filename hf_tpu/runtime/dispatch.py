@@ -32,6 +32,7 @@ from hf_tpu.runtime.tensor import (
     run_donating,
     update_lock,
     wrap,
+    wrap_spec,
     write,
 )
 
@@ -40,6 +41,7 @@ _payloads = REGISTRY._payloads
 # argument kinds
 _T, _TL, _S, _STATIC, _GEN = range(5)
 _META = torch.device("meta")
+_DTYPE = torch.dtype
 _PY_NUMBERS = (int, float, bool)
 # executables built with baked-in scalar values before a kernel switches to traced scalars
 _MAX_STATIC_SCALAR_BUILDS = 16
@@ -325,6 +327,8 @@ class OpKernel:
         self._store(out, value, shape, out.dtype, full)
 
     def _wrap(self, results, spec):
+        if spec is not None and type(spec[1]) is _DTYPE:
+            return wrap_spec(results, spec)  # one output of known shape and dtype: the common case
         if isinstance(results, list | tuple):
             return type(results)(
                 None if r is None else wrap(r, s[1] if s else None)  # None: an undefined tensor

@@ -98,6 +98,7 @@ class Trace:
         # every LazyValue produced, in (node, index) order; liveness is read from reference counts at
         # flush time (cheaper than a weakref per output)
         self.values: list = []
+        self.cut_at = MAX_OPS  # the graph-size limit, aligned to the trace's period (`_aligned_cut`)
 
     def ref(self, arg):
         if type(arg) is LazyValue:
@@ -201,12 +202,45 @@ def call(fn, args, holder=None, avals=None):
             values.append(lv)
             outs.append(lv)
         stats["ops"] += 1
-        too_long = node + 1 >= MAX_OPS
+        n = node + 1
+        if n == MAX_OPS // 2:
+            trace.cut_at = _aligned_cut(trace.ops, n)
+        too_long = n >= trace.cut_at
     if too_long:
         flush("graph size limit")
     if is_tuple:
         return kind(outs) if kind in (list, tuple) else tuple(outs)
     return outs[0]
+
+
+def _aligned_cut(ops: list, n: int) -> int:
+    """Where to cut a trace that has reached half the graph-size limit without a sync point.
+
+    A loop that never syncs (a training loop that logs its loss every 100 steps) repeats one sequence
+    of kernels. Cut at a fixed op count and every flush starts at another point of that sequence: each
+    is a new program to compile. Cut after a whole number of repetitions instead, and every flush is
+    the same program (one compile, then cache hits). The repetition is the trace's smallest period
+    over its kernels; a trace that has not repeated at least twice keeps the plain limit.
+    """
+    period = _smallest_period([id(op[0]) for op in ops])
+    if period > n // 2:
+        return MAX_OPS
+    cut = -(-n // period) * period
+    return cut if cut <= MAX_OPS else MAX_OPS
+
+
+def _smallest_period(seq: list) -> int:
+    """The smallest p with seq[i] == seq[i + p] for every i: len(seq) minus its longest proper border
+    (the prefix function of Knuth-Morris-Pratt, O(len))."""
+    border = [0] * len(seq)
+    k = 0
+    for i in range(1, len(seq)):
+        while k and seq[i] != seq[k]:
+            k = border[k - 1]
+        if seq[i] == seq[k]:
+            k += 1
+        border[i] = k
+    return len(seq) - (border[-1] if seq else 0)
 
 
 def maybe_call(fn, args):

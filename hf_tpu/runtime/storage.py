@@ -107,13 +107,15 @@ class StorageRegistry:
         Cheaper than building a storage and `set_`-ing it into the tensor (a boxed redispatch), which
         matters because this runs once per op output.
         """
-        counted = _is_buffer(array)
-        ptr, sweep = self._reserve(nbytes, counted)
+        lazy = type(array) is LazyValue
+        ptr, sweep = self._reserve(nbytes, not lazy and array is not None)
         if sweep:
             self.sweep()
         storage._swap_data_ptr_(_construct(ptr, DEVICE, nbytes))
-        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, counted)
-        if type(array) is LazyValue:
+        self._payloads[ptr] = Payload(
+            _weak_ref(storage), array, shape, dtype, nbytes, not lazy and array is not None
+        )
+        if lazy:
             self._pending.append(ptr)
 
     def materialize_pending(self) -> None:

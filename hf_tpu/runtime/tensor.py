@@ -92,8 +92,19 @@ def new_strided(shape, stride, dtype: torch.dtype) -> torch.Tensor:
 
 
 def wrap(array, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A new tpu tensor owning `array` (runs once per op output)."""
+    """A new tpu tensor owning `array`."""
     return new_tensor(array.shape, dtype or to_torch_dtype(array.dtype), array)
+
+
+def wrap_spec(array, spec: tuple) -> torch.Tensor:
+    """A new tpu tensor owning `array`, whose (shape tuple, torch dtype) `spec` is known: the op path's
+    `wrap` (once per op output), minus the conversions."""
+    shape, dtype = spec
+    if _SWAP and _FRACTION[0] == 1.0:
+        t = _create(shape, dtype)
+        REGISTRY.adopt(t.untyped_storage(), _numel(shape) * dtype.itemsize, shape, dtype, array)
+        return t
+    return new_tensor(shape, dtype, array)
 
 
 def _foreign(t: torch.Tensor):

@@ -8,36 +8,48 @@ import textwrap
 import pytest
 import torch
 
-# an op nobody lowers and torch cannot decompose: exercises the missing-lowering path
-UNLOWERED = "special_bessel_j0"
+# an op with a CPU kernel only (no lowering, no decomposition): exercises the missing-lowering path, and
+# stays unlowered whatever the lowering table gains
+_LIB_SOURCE = """
+import torch
+_lib = torch.library.Library("hf_tpu_test_errors", "DEF")
+_lib.define("unlowered(Tensor x) -> Tensor")
+_lib.impl("unlowered", lambda x: x.sin() + 1, "CPU")
+"""
+exec(_LIB_SOURCE)
+UNLOWERED = "hf_tpu_test_errors::unlowered"
 
 
 def test_missing_lowering_names_op_shapes_and_fallback():
     x = torch.full((3, 2), 0.5, device="tpu")
     with pytest.raises(NotImplementedError) as info:
-        torch.special.bessel_j0(x)
+        torch.ops.hf_tpu_test_errors.unlowered(x)
     msg = str(info.value)
-    assert f"aten::{UNLOWERED}" in msg
+    assert UNLOWERED in msg
     assert "[3, 2]" in msg and "float32" in msg
     assert "HF_TPU_CPU_FALLBACK=1" in msg
 
 
 def test_cpu_fallback_runs_on_cpu_and_warns_once():
-    code = f"""
-        import warnings, torch
-        x = torch.rand(3, 2)
-        with warnings.catch_warnings(record=True) as w:
-            warnings.simplefilter("always")
-            a = torch.special.bessel_j0(x.to("tpu"))
-            b = torch.special.bessel_j0(x.to("tpu"))
-        assert a.device.type == "tpu"
-        torch.testing.assert_close(a.cpu(), torch.special.bessel_j0(x))
-        msgs = [str(i.message) for i in w if "{UNLOWERED}" in str(i.message)]
-        assert len(msgs) == 1, msgs
-        print("ok")
-    """
+    code = (
+        _LIB_SOURCE
+        + """
+import warnings
+x = torch.rand(3, 2)
+op = torch.ops.hf_tpu_test_errors.unlowered
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    a = op(x.to("tpu"))
+    b = op(x.to("tpu"))
+assert a.device.type == "tpu"
+torch.testing.assert_close(a.cpu(), x.sin() + 1)
+msgs = [str(i.message) for i in w if "unlowered" in str(i.message) and "no tpu lowering" in str(i.message)]
+assert len(msgs) == 1, msgs
+print("ok")
+"""
+    )
     r = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         env={**os.environ, "HF_TPU_CPU_FALLBACK": "1"},

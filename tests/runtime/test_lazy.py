@@ -59,6 +59,35 @@ def test_repeated_step_reuses_the_compiled_program(defer):
     assert lazy.stats["cache_hits"] >= before["cache_hits"] + 3
 
 
+def test_a_loop_that_never_syncs_is_cut_into_one_repeated_program(defer, monkeypatch):
+    """Past half the graph-size limit a trace is cut after whole repetitions of its loop body, so every
+    forced flush is the same program (one compile), not one program per starting point in the body."""
+    monkeypatch.setattr(lazy, "MAX_OPS", 100)
+    w = torch.randn(8, 8)
+    x = torch.randn(4, 8)
+    tw, tx = w.to("tpu"), x.to("tpu")
+    torch.tpu.flush()
+    before = dict(lazy.stats)
+    outs = []
+    for _ in range(100):  # 7 recorded ops per iteration, and 7 does not divide 100
+        tx = (torch.tanh(tx @ tw) * 0.5 + tx).clamp(-3, 3) * 0.9
+        outs.append(tx.sum())
+        x = (torch.tanh(x @ w) * 0.5 + x).clamp(-3, 3) * 0.9
+    flushes = lazy.stats["flushes"] - before["flushes"]
+    misses = lazy.stats["cache_misses"] - before["cache_misses"]
+    assert flushes >= 7, "the graph-size limit did not force flushes"
+    assert misses <= 1, f"{misses} of {flushes} forced flushes compiled a new program"
+    torch.testing.assert_close(tx.cpu(), x, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[-1].cpu(), x.sum(), rtol=1e-5, atol=1e-4)
+
+
+def test_smallest_period():
+    assert lazy._smallest_period([1, 2, 3, 1, 2, 3, 1]) == 3
+    assert lazy._smallest_period([1, 1, 1]) == 1
+    assert lazy._smallest_period([1, 2, 1, 3]) == 4
+    assert lazy._smallest_period([]) == 0
+
+
 def test_training_step_matches_strict():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
