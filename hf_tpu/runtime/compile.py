@@ -446,6 +446,11 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
     """The TorchDynamo backend registered as "tpu" (accepts the options transformers/diffusers pass)."""
     from torch._functorch.aot_autograd import make_boxed_func
 
+    from hf_tpu.runtime import registration
+
+    # the lowering table loads with the first tpu op; a compiled function may be the first tpu work
+    registration.ensure_kernels()
+
     fw = _make_compiler("forward")
     bw = _make_compiler("backward")
 

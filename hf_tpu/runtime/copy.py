@@ -11,6 +11,7 @@ from hf_tpu.runtime import host_copies, lazy, platform
 from hf_tpu.runtime.device_module import _check_index
 from hf_tpu.runtime.dtypes import numpy_from_torch, to_jax_dtype, torch_from_numpy
 from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.strided import inverse_order, memory_order
 from hf_tpu.runtime.tensor import (
     _HOST_ONLY_DTYPES,
     _check_platform_dtype,
@@ -110,17 +111,38 @@ def _to_copy(
 ):
     dtype = dtype or self.dtype
     target = torch.device(device) if device is not None else self.device
+    order = _copy_order(tuple(self.shape), self.stride(), memory_format)
     if target.type == "tpu":
         if target.index:
             _check_index(target)
-        if self.device.type == "tpu":
-            return new_tensor(self.shape, dtype, _fit(to_jax_lazy(self), self.shape, dtype))
-        value = host_to_jax(self)
-        return new_tensor(self.shape, dtype, _fit(value, self.shape, dtype))
+        value = to_jax_lazy(self) if self.device.type == "tpu" else host_to_jax(self)
+        value = _fit(value, self.shape, dtype)
+        if order is None:
+            return new_tensor(self.shape, dtype, value)
+        laid_out = lazy.maybe_call(_transposed(order), (value,))
+        return new_tensor(laid_out.shape, dtype, laid_out).permute(inverse_order(order))
     if target.type == "cpu":
-        host = jax_to_host(to_jax(self))
+        value = to_jax(self)
+        host = jax_to_host(value if order is None else _transposed(order)(value))
+        host = host if order is None else host.permute(inverse_order(order))
         return host if host.dtype == dtype else host.to(dtype)
     return self.cpu().to(device=target, dtype=dtype)
+
+
+@cache
+def _copy_order(shape: tuple, stride: tuple, memory_format) -> tuple | None:
+    """The memory order of `.to`'s result, as PyTorch lays it out: `preserve_format` keeps a dense
+    permuted layout (a transposed or channels-last tensor stays so, as CUDA copies do), an explicit
+    memory format imposes its own; None: row-major."""
+    like = torch.empty_strided(shape, stride, device="meta")
+    out = torch.empty_like(like, memory_format=memory_format or torch.preserve_format)
+    return memory_order(shape, out.stride())
+
+
+@cache
+def _transposed(order: tuple):
+    jax = platform.jax()
+    return jax.jit(lambda x: jax.numpy.transpose(x, order))
 
 
 @lowers("aten::_local_scalar_dense", kind="host")

@@ -337,7 +337,7 @@ class OpKernel:
         return wrap(results, spec[1] if spec else None)
 
     # -- the cached, jitted computation -----------------------------------------------------------
-    def _scalar_is_leaf(self, v) -> bool:
+    def _scalar_is_leaf(self, v, dynamic: bool) -> bool:
         """Is Python number `v` (a Scalar argument) a traced input rather than baked into the executable?
 
         Baked in by default: a scalar leaf costs ~1.5 us more per call than an array and most scalars
@@ -346,7 +346,7 @@ class OpKernel:
         """
         if self.lowering.static_scalars or type(v) is bool:
             return False
-        if self.dynamic_scalars:
+        if dynamic:
             return True
         return type(v) is int and not -(1 << 31) <= v < (1 << 31)
 
@@ -361,12 +361,15 @@ class OpKernel:
         views = []  # per tensor argument, the View it is read through (None: its value); for _build
         append = key.append
         bake = lazy._enabled
+        # read once: the key and the executable must agree on which scalars are inputs even when another
+        # thread's build switches this kernel to traced scalars in between
+        dynamic = self.dynamic_scalars
         for v, k in zip(fargs, self.fsig.kinds):
             if k == _T:
                 if v is None:
                     append(None)
                 elif type(v) in _PY_NUMBERS:  # a wrapped number (x * 0.5) arrives as a Python scalar
-                    if self._scalar_is_leaf(v):
+                    if self._scalar_is_leaf(v, dynamic):
                         leaves.append(v)
                         append(type(v))
                     else:
@@ -384,7 +387,7 @@ class OpKernel:
                     append(a.dtype)
             elif k == _S:
                 tv = type(v)
-                if (tv is float or tv is int) and self._scalar_is_leaf(v):
+                if (tv is float or tv is int) and self._scalar_is_leaf(v, dynamic):
                     leaves.append(v)
                     append(tv)
                 else:
@@ -415,7 +418,7 @@ class OpKernel:
         key = tuple(key)
         entry = self.cache.get(key)
         if entry is None:
-            entry = self._build(fargs, full, views)
+            entry = self._build(fargs, full, views, dynamic)
             with self.lock:
                 self.cache[key] = entry
         if self.lowering.random:
@@ -437,7 +440,7 @@ class OpKernel:
             raise op_failure(self.op, full, self.sig.kinds, exc) from exc
         return results, entry.spec
 
-    def _build(self, fargs: list, full: list, views: list) -> _Entry:
+    def _build(self, fargs: list, full: list, views: list, dynamic: bool) -> _Entry:
         # what PyTorch would return (dtype, shape); the in-place/out= op itself validates its arguments
         if self.mode == "inplace":
             spec = _meta_run(self.op, self.sig, full)
@@ -458,7 +461,7 @@ class OpKernel:
         for v, k in zip(fargs, kinds):
             number = type(v) in _PY_NUMBERS and k in (_T, _S)
             if number:
-                leaf = self._scalar_is_leaf(v)
+                leaf = self._scalar_is_leaf(v, dynamic)
                 n_baked += not leaf
                 how.append(_LEAF if leaf else _BAKED_ARRAY if k == _T else _BAKED)
             elif k == _T:

@@ -167,7 +167,12 @@ def _out_avals(fn, args):
         out = jax.eval_shape(fn, *abstract)
         is_tuple = isinstance(out, list | tuple)
         leaves = list(out) if is_tuple else [out]
-        avals = (is_tuple, type(out) if is_tuple else None, [(tuple(o.shape), o.dtype) for o in leaves])
+        # None: an undefined output (a backward's unneeded gradient), returned as None
+        avals = (
+            is_tuple,
+            type(out) if is_tuple else None,
+            [None if o is None else (tuple(o.shape), o.dtype) for o in leaves],
+        )
         _aval_cache[key] = avals
     return avals
 
@@ -197,8 +202,11 @@ def call(fn, args, holder=None, avals=None):
         trace.ops.append((fn, refs, is_tuple))
         values = trace.values
         outs = []
-        for i, (shape, dtype) in enumerate(out_avals):
-            lv = LazyValue(shape, dtype, ("v", node, i), trace)
+        for i, aval in enumerate(out_avals):
+            if aval is None:
+                outs.append(None)
+                continue
+            lv = LazyValue(aval[0], aval[1], ("v", node, i), trace)
             values.append(lv)
             outs.append(lv)
         stats["ops"] += 1

@@ -32,10 +32,11 @@ GRAPH_TABLE: dict[torch._ops.OpOverload, Lowering] = {}
 
 
 def resolve(name: str) -> torch._ops.OpOverload:
-    """'aten::add.Tensor' (or 'add.Tensor', 'add') -> torch.ops.aten.add.Tensor."""
-    name = name.removeprefix("aten::")
+    """'aten::add.Tensor' (or 'add.Tensor', 'add') -> torch.ops.aten.add.Tensor; other namespaces
+    ('prims::convert_element_type') by their prefix."""
+    namespace, _, name = name.rpartition("::")
     base, _, overload = name.partition(".")
-    packet = getattr(torch.ops.aten, base)
+    packet = getattr(getattr(torch.ops, namespace or "aten"), base)
     return getattr(packet, overload or "default")
 
 

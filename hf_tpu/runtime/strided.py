@@ -130,3 +130,36 @@ def write_grid(jax, base, value, starts, plan: Box, grid: tuple):
         vals = vals.transpose(perm)
     vals = vals.reshape(plan.take).astype(base.dtype)
     return jax.lax.dynamic_update_slice(base.reshape(grid), vals, starts).reshape(base.shape)
+
+
+def memory_order(shape: tuple, stride: tuple) -> tuple | None:
+    """The dims of a dense, non-overlapping layout in memory order (outermost first), or None when it is
+    row-major or not such a permutation. A copy laid out this way keeps PyTorch's strides: its buffer
+    holds the value transposed into this order, and the tensor is that buffer permuted back."""
+    n = len(shape)
+    order = tuple(sorted(range(n), key=lambda d: (-stride[d], d)))
+    if order == tuple(range(n)) or _row_major(shape, stride):
+        return None
+    expected = 1
+    for d in reversed(order):
+        if shape[d] > 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return order
+
+
+def inverse_order(order: tuple) -> tuple:
+    inverse = [0] * len(order)
+    for i, d in enumerate(order):
+        inverse[d] = i
+    return tuple(inverse)
+
+
+def _row_major(shape: tuple, stride: tuple) -> bool:
+    """Contiguous as PyTorch defines it (the stride of a size-1 dim does not matter)."""
+    expected = 1
+    for size, st in zip(reversed(shape), reversed(stride)):
+        if size != 1 and st != expected:
+            return False
+        expected *= size
+    return True

@@ -70,3 +70,17 @@ def test_blocked_attention_in_bf16_matches_cpu():
     want = F.scaled_dot_product_attention(q, k, v).float()
     got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu")).cpu().float()
     torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+
+
+def test_output_is_laid_out_like_the_query_as_on_cpu():
+    """Heads transposed out of the sequence dim give an output PyTorch lays out (B, S, H, D) in memory:
+    code (and traced graphs) may then `view` it after `transpose(1, 2)`, which needs those strides."""
+    q = torch.randn(2, 16, 4, 8).transpose(1, 2)  # (B, H, S, D) view of a (B, S, H, D) buffer
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    want = F.scaled_dot_product_attention(q, k, v)
+    got = F.scaled_dot_product_attention(q.to("tpu"), k.to("tpu"), v.to("tpu"))
+    assert got.stride() == want.stride()
+    merged = got.transpose(1, 2).view(2, 16, 32)  # a view on CPU; raises for a row-major output
+    torch.testing.assert_close(merged.cpu(), want.transpose(1, 2).reshape(2, 16, 32), rtol=1e-5, atol=1e-5)
+    row_major = F.scaled_dot_product_attention(q.contiguous().to("tpu"), k.to("tpu"), v.to("tpu"))
+    assert row_major.is_contiguous()

@@ -347,3 +347,35 @@ def test_compile_before_import_hf_tpu_with_autoload_off():
         TORCH_DEVICE_BACKEND_AUTOLOAD="0",
     )
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_dynamic_graphs_with_float_casts_compile_whole():
+    """`dynamic=True` graphs keep a prims cast of a float size factor: it has a graph lowering, so the
+    region is one program (not op by op)."""
+    import warnings
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, s: x * s, backend="tpu", dynamic=True)
+    x = torch.randn(4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = f(x.to("tpu"), 0.5)
+    assert not [w for w in caught if "op by op" in str(w.message)]
+    torch.testing.assert_close(got.cpu(), x * 0.5)
+
+
+def test_a_compiled_function_can_be_the_first_tpu_work_of_a_process():
+    code = """
+import warnings, torch
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    out = torch.compile(lambda x: x.to("tpu") * 2 + 1, backend="tpu")(torch.ones(3))
+assert torch.equal(out.cpu(), torch.full((3,), 3.0)), out
+assert not [w for w in caught if "op by op" in str(w.message)], [str(w.message) for w in caught]
+print("ok")
+"""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

@@ -63,3 +63,28 @@ def test_output_storages_are_unique_and_freed():
     live = REGISTRY.live_count()
     del outs
     assert REGISTRY.live_count() <= live - 10
+
+
+def test_threads_switching_a_kernel_to_traced_scalars_agree_on_its_inputs():
+    """A build in another thread may switch a kernel to traced scalars between this call's cache key
+    and its own build: both must use the same decision (it once raised StopIteration)."""
+    import threading
+
+    errors = []
+
+    def work(i):
+        try:
+            x = torch.ones(4, device="tpu")
+            for k in range(60):
+                x = x + 0.001 * (k * 4 + i)  # a new Python float every call
+            x.cpu()
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    for _ in range(3):
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]

@@ -1,5 +1,7 @@
 """DeferAndFuse: deferred ops give Strict's results, fuse into cached programs, and sync where needed."""
 
+import copy
+
 import pytest
 import torch
 
@@ -76,7 +78,9 @@ def test_a_loop_that_never_syncs_is_cut_into_one_repeated_program(defer, monkeyp
     flushes = lazy.stats["flushes"] - before["flushes"]
     misses = lazy.stats["cache_misses"] - before["cache_misses"]
     assert flushes >= 7, "the graph-size limit did not force flushes"
-    assert misses <= 1, f"{misses} of {flushes} forced flushes compiled a new program"
+    # one program for the repeated cut (two if the first trace started mid-body); without the alignment
+    # every forced flush compiles (7 of 7 here)
+    assert misses <= 2, f"{misses} of {flushes} forced flushes compiled a new program"
     torch.testing.assert_close(tx.cpu(), x, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs[-1].cpu(), x.sum(), rtol=1e-5, atol=1e-4)
 
@@ -86,6 +90,28 @@ def test_smallest_period():
     assert lazy._smallest_period([1, 1, 1]) == 1
     assert lazy._smallest_period([1, 2, 1, 3]) == 4
     assert lazy._smallest_period([]) == 0
+
+
+@pytest.mark.parametrize("name", ["llama", "bert"])
+def test_hf_training_steps_match_cpu_under_defer_and_fuse(name, defer):
+    """Backward kernels that leave a gradient undefined (layer/RMS norm's, attention's) record a None
+    output: training an HF model under DeferAndFuse matches CPU."""
+    torch.manual_seed(0)
+    ref, inputs = build(name)
+    ref.train()
+    for mod in ref.modules():  # deterministic steps: no dropout
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.0
+    dev = copy.deepcopy(ref).to("tpu")
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ref, dev)]  # AdamW turns noise into steps
+    for _ in range(2):
+        for model, opt, device in ((ref, opts[0], "cpu"), (dev, opts[1], "tpu")):
+            out = model(**{k: v.to(device) for k, v in inputs.items()})
+            first_tensor(out).float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for (n, p), (_, q) in zip(ref.named_parameters(), dev.named_parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-4, msg=n)
 
 
 def test_training_step_matches_strict():

@@ -537,8 +537,8 @@ def fused_calls(monkeypatch):
     calls = []
     original_fn = attention._forward_fn
 
-    def spy_fn(dropout_p, is_causal, scale, views):
-        fn = original_fn(dropout_p, is_causal, scale, views)
+    def spy_fn(dropout_p, is_causal, scale, views, layout=None):
+        fn = original_fn(dropout_p, is_causal, scale, views, layout)
 
         def run(*args):
             calls.append({"dropout_p": dropout_p, "is_causal": is_causal, "scale": scale})

@@ -225,3 +225,32 @@ def test_real_and_imag_views_of_complex_tensors():
     assert torch.equal(d.cpu(), z)
     r = torch.randn(3, 4, 2)
     assert torch.equal(torch.view_as_complex(r.to("tpu")).cpu(), torch.view_as_complex(r))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(2, 16, 4, 8).transpose(1, 2),
+        lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        lambda: torch.randn(3, 5).t(),
+        lambda: torch.randn(4, 6)[:, ::2],
+        lambda: torch.randn(3, 1).expand(3, 4),
+    ],
+    ids=["heads_transposed", "channels_last", "t", "sliced", "expanded"],
+)
+def test_copies_keep_pytorchs_layout(make):
+    """`.to` keeps a dense permuted layout (preserve_format), as CPU and CUDA copies do: code that
+    `view`s a copy after undoing the permutation works on tpu too. Non-dense layouts become row-major."""
+    x = make()
+    want = torch.empty_like(x).stride()
+    for _ in range(2):  # the first copy once took another path
+        t = x.to("tpu")
+        assert t.stride() == want
+        assert t.to(torch.bfloat16).stride() == want
+        back = t.cpu()
+        assert back.stride() == want and torch.equal(back, x)
+    if x.dim() == 4 and x.shape[1] == 4:  # the heads case: undo the transpose, merge heads by a view
+        torch.testing.assert_close(
+            t.transpose(1, 2).view(2, 16, 32).cpu(), x.transpose(1, 2).reshape(2, 16, 32)
+        )
+    assert x.to("tpu", memory_format=torch.contiguous_format).is_contiguous()

@@ -26,6 +26,7 @@ from torch.nn.attention import SDPBackend
 from hf_tpu.runtime import lazy, platform, rng
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.linalg import operands, precision
+from hf_tpu.runtime.strided import inverse_order, memory_order
 from hf_tpu.runtime.tensor import op_inputs, read_input, wrap
 
 _HALF = (jnp.bfloat16, jnp.float16)
@@ -145,18 +146,31 @@ def _no_seed():
 
 
 @cache
-def _forward_fn(dropout_p: float, is_causal: bool, scale: float, views: tuple):
+def _forward_fn(dropout_p: float, is_causal: bool, scale: float, views: tuple, layout: tuple | None = None):
     """One jitted attention per static configuration and input layout (a stable function identity
     for DeferAndFuse). `views`: per input (q, k, v[, bias]), None or the `View` read inside, so the
-    heads' `transpose(1, 2)` fuses into the attention instead of running as its own executable."""
+    heads' `transpose(1, 2)` fuses into the attention instead of running as its own executable.
+    `layout`: the output's dims in memory order when it is not row-major (`_output_layout`)."""
 
     def run(seed, offset, *leaves):
         it = iter(leaves)
         q, k, v, *bias = (read_input(jax, view, it) for view in views)
         key = _dropout_key(seed, offset) if dropout_p > 0 else None
-        return _attention(q, k, v, bias[0] if bias else None, key, dropout_p, is_causal, scale)
+        out, lse = _attention(q, k, v, bias[0] if bias else None, key, dropout_p, is_causal, scale)
+        return (out if layout is None else jnp.transpose(out, layout)), lse
 
     return jax.jit(run)
+
+
+@cache
+def _output_layout(shape: tuple, stride: tuple) -> tuple | None:
+    """The attention output's memory order as PyTorch lays it out (its meta kernel follows the query's
+    layout: a (B, S, H, D) buffer viewed as (B, H, S, D) when the heads were transposed out of the
+    sequence), or None when row-major. Matching it keeps strides what traced graphs assume (they `view`
+    the output after `transpose(1, 2)`), and makes that transpose free."""
+    meta = torch.empty_strided(shape, stride, device="meta")
+    out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(meta, meta, meta)[0]
+    return memory_order(tuple(out.shape), out.stride())
 
 
 @lowers("aten::_fused_sdp_choice", kind="host")
@@ -178,12 +192,14 @@ def _scaled_dot_product_fused_attention_overrideable(
     seed, offset = _draw_seed(rng.next_key()) if dropout_p > 0 else _no_seed()
     tensors = (query, key, value) if attn_bias is None else (query, key, value, attn_bias)
     leaves, views = op_inputs(tensors, lazy.enabled())
-    fn = _forward_fn(float(dropout_p), bool(is_causal), float(_default_scale(query, scale)), views)
+    layout = _output_layout(tuple(query.shape), query.stride())
+    fn = _forward_fn(float(dropout_p), bool(is_causal), float(_default_scale(query, scale)), views, layout)
     out, lse = lazy.maybe_call(fn, (seed, offset, *leaves))
     philox_seed, philox_offset = wrap(seed, torch.int64), wrap(offset, torch.int64)
     lq, lk = query.shape[-2], key.shape[-2]
+    out = wrap(out, query.dtype)
     return (
-        wrap(out, query.dtype),
+        out if layout is None else out.permute(inverse_order(layout)),
         wrap(lse, torch.float32),
         None,
         None,

@@ -142,6 +142,12 @@ def to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocki
     return x if dtype is None else x.astype(to_jax_dtype(dtype))
 
 
+@lowers("prims::convert_element_type", graph=True)
+def convert_element_type(x, dtype):
+    """A cast that decompositions of graphs Dynamo made dynamic leave in (a float size factor)."""
+    return jnp.asarray(x).astype(to_jax_dtype(dtype))
+
+
 @lowers("aten::copy", graph=True)
 def copy(x, src, non_blocking=False):
     return jnp.broadcast_to(src.astype(x.dtype), x.shape)

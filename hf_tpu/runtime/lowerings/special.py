@@ -28,7 +28,10 @@ for _name, _fn in {
     "special_erfcx": jsp.erfcx,
     "special_modified_bessel_i0": jsp.i0,
     "special_modified_bessel_i1": jsp.i1,
-    "special_spherical_bessel_j0": lambda x: jnp.where(x == 0, jnp.ones_like(x), jnp.sin(x) / x),
+    # sin(x)/x, 1 at 0 and 0 at +-inf (as CPU; sin(inf)/inf would be NaN)
+    "special_spherical_bessel_j0": lambda x: jnp.where(
+        x == 0, jnp.ones_like(x), jnp.where(jnp.isinf(x), jnp.zeros_like(x), jnp.sin(x) / x)
+    ),
     "special_entr": lambda x: jnp.where(
         x > 0, -x * jnp.log(x), jnp.where(x == 0, jnp.zeros_like(x), jnp.where(x < 0, -jnp.inf, x))
     ),
