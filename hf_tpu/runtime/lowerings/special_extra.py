@@ -180,15 +180,7 @@ def _hermite_limit(x):
 )
 def hermite_polynomial_h(x, n):
     """Physicists' Hermite: H_{k+1} = 2x H_k - 2k H_{k-1}; NaN past PyTorch's degree limit."""
-    x, n = _polynomial_args(x, n)
-    two_x = x + x
-    too_high = n > _hermite_limit(x)
-    step = lambda k, p, q: two_x * q - (k + k) * p  # noqa: E731
-    out = _recurrence(n, jnp.ones_like(x), two_x, step, (n >= 2) & ~too_high)
-    out = jnp.where(too_high, jnp.full_like(x, jnp.nan), out)
-    out = jnp.where(n == 1, two_x, out)
-    out = jnp.where(n == 0, jnp.ones_like(x), out)
-    return jnp.where(n < 0, jnp.zeros_like(x), out)
+    return _hermite(x, n, 2)
 
 
 @lowers(
@@ -198,12 +190,18 @@ def hermite_polynomial_h(x, n):
 )
 def hermite_polynomial_he(x, n):
     """Probabilists' Hermite: He_{k+1} = x He_k - k He_{k-1}; NaN past PyTorch's degree limit."""
+    return _hermite(x, n, 1)
+
+
+def _hermite(x, n, factor: int):
+    """P_{k+1} = f x P_k - f k P_{k-1} from P_0 = 1, P_1 = f x (f = 2: physicists', 1: probabilists')."""
     x, n = _polynomial_args(x, n)
+    fx = x + x if factor == 2 else x
     too_high = n > _hermite_limit(x)
-    step = lambda k, p, q: x * q - k * p  # noqa: E731
-    out = _recurrence(n, jnp.ones_like(x), x, step, (n >= 2) & ~too_high)
+    step = (lambda k, p, q: fx * q - (k + k) * p) if factor == 2 else (lambda k, p, q: x * q - k * p)
+    out = _recurrence(n, jnp.ones_like(x), fx, step, (n >= 2) & ~too_high)
     out = jnp.where(too_high, jnp.full_like(x, jnp.nan), out)
-    out = jnp.where(n == 1, x, out)
+    out = jnp.where(n == 1, fx, out)
     out = jnp.where(n == 0, jnp.ones_like(x), out)
     return jnp.where(n < 0, jnp.zeros_like(x), out)
 
