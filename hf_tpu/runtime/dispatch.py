@@ -47,6 +47,19 @@ _PY_NUMBERS = (int, float, bool)
 _MAX_STATIC_SCALAR_BUILDS = 16
 
 
+# distinct baked-in storage offsets of one argument layout before a kernel traces offsets (DeferAndFuse)
+_MAX_BAKED_OFFSETS = 4
+
+
+def _without_offsets(key):
+    """A kernel cache key with its views' storage offsets blanked out."""
+    if type(key) is View:
+        return key._replace(offset=None) if key.offset else key
+    if type(key) is tuple:
+        return tuple(_without_offsets(k) for k in key)
+    return key
+
+
 class LoweringMissing(NotImplementedError):
     pass
 
@@ -275,6 +288,10 @@ class OpKernel:
         self.lock = threading.Lock()
         self.dynamic_scalars = False
         self.static_scalar_builds = 0
+        # under DeferAndFuse, views' storage offsets are baked into executables until one argument
+        # layout has been seen at too many offsets (`_offsets_vary`); then they are traced
+        self.dynamic_offsets = False
+        self.baked_offset_layouts: dict = {}
 
     # -- entry point from the dispatcher --------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -350,6 +367,17 @@ class OpKernel:
             return True
         return type(v) is int and not -(1 << 31) <= v < (1 << 31)
 
+    def _offsets_vary(self, key: tuple) -> bool:
+        """Has this argument layout (`key` without its views' offsets) been built at more than
+        _MAX_BAKED_OFFSETS offsets? Under DeferAndFuse an offset is a constant of the executable (a
+        static slice, which fuses), so a view that moves every step (`x[i * b:(i + 1) * b]`, a cache
+        read at `pos`) would make every step's program new; such a kernel traces its offsets instead."""
+        layout = _without_offsets(key)
+        if layout == key:
+            return False
+        n = self.baked_offset_layouts[layout] = self.baked_offset_layouts.get(layout, 0) + 1
+        return n > _MAX_BAKED_OFFSETS
+
     def run(self, fargs: list, full: list, donate_first: bool = False):
         """Execute the lowering on `fargs` (the functional op's arguments); returns (arrays, meta spec).
 
@@ -360,7 +388,7 @@ class OpKernel:
         key = []
         views = []  # per tensor argument, the View it is read through (None: its value); for _build
         append = key.append
-        bake = lazy._enabled
+        bake = lazy._enabled and not self.dynamic_offsets
         # read once: the key and the executable must agree on which scalars are inputs even when another
         # thread's build switches this kernel to traced scalars in between
         dynamic = self.dynamic_scalars
@@ -418,6 +446,8 @@ class OpKernel:
         key = tuple(key)
         entry = self.cache.get(key)
         if entry is None:
+            if bake and self._offsets_vary(key):
+                self.dynamic_offsets = True
             entry = self._build(fargs, full, views, dynamic)
             with self.lock:
                 self.cache[key] = entry

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 
 from hf_tpu.runtime import platform
 
@@ -26,6 +27,9 @@ if os.environ.get("HF_TPU_LOG"):
     log.setLevel(getattr(logging, os.environ["HF_TPU_LOG"].upper(), logging.DEBUG))
 
 MAX_OPS = int(os.environ.get("HF_TPU_DEFER_MAX_OPS", "4000"))
+# compiled programs kept (least recently used dropped first): a workload whose traces keep changing
+# must not hold every executable it ever compiled
+MAX_PROGRAMS = int(os.environ.get("HF_TPU_DEFER_MAX_PROGRAMS", "256"))
 
 
 def _trace_only_refs() -> int:
@@ -307,15 +311,19 @@ def flush(reason: str = "explicit") -> None:
         # them already, and the jitted program compiles again for inputs of new shapes (~40 us a flush
         # for tiny T5's 53 inputs)
         key = (tuple((id(fn), refs, is_tuple) for fn, refs, is_tuple in trace.ops), outputs)
-        program = _program_cache.get(key)
+        program = _program_cache.pop(key, None)
         t0 = time.perf_counter()
         if program is None:
             jax = platform.jax()
-            program = _program_cache[key] = jax.jit(_replay(trace.ops, outputs))
+            program = jax.jit(_replay(trace.ops, outputs))
+            while _program_cache and len(_program_cache) >= MAX_PROGRAMS:
+                del _program_cache[next(iter(_program_cache))]
+        _program_cache[key] = program  # most recently used last
         compiled = program._cache_size()
         results = program(*trace.inputs)
         hit = program._cache_size() == compiled  # no new executable (inputs of new shapes compile one)
         stats["cache_hits" if hit else "cache_misses"] += 1
+        _note_miss_streak(hit, trace)
         stats["flushes"] += 1
         platform.last_launched[0] = results
         for lv, arr in zip(live, results):
@@ -332,6 +340,27 @@ def flush(reason: str = "explicit") -> None:
                 "hit" if hit else "miss",
                 (time.perf_counter() - t0) * 1e3,
             )
+
+
+_STORM_AT = 24  # consecutive flushes that each compiled a new executable
+_streak = {"misses": 0, "warned": False}
+
+
+def _note_miss_streak(hit: bool, trace: Trace) -> None:
+    """Warn once when many flushes in a row each compiled: a step whose shapes or op sequence change
+    every time (a growing sequence, a sync at a moving point) pays a compile per step."""
+    _streak["misses"] = 0 if hit else _streak["misses"] + 1
+    if _streak["misses"] < _STORM_AT or _streak["warned"]:
+        return
+    _streak["warned"] = True
+    shapes = [tuple(a.shape) for a in trace.inputs if hasattr(a, "shape")][:4]
+    warnings.warn(
+        f"hf_tpu DeferAndFuse: the last {_STORM_AT} flushes each compiled a new program (latest: "
+        f"{len(trace.ops)} ops, input shapes {shapes}...). Shapes or the op sequence change every step: "
+        "pad inputs to a few sizes (a StaticCache for generation, hf_tpu.compile(model, buckets=...)), "
+        "or synchronize at the same point of every step (torch.tpu.synchronize()).",
+        stacklevel=3,
+    )
 
 
 def pending_ops() -> int:

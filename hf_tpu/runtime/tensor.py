@@ -240,27 +240,59 @@ def _call(fn, *args, shape: tuple | None = None):
     views), so a recording needs no abstract evaluation.
     """
     if lazy._enabled or type(args[0]) is LazyValue or type(args[1]) is LazyValue:
-        # recorded: the offset becomes a constant of the fused program (XLA turns the dynamic slice
-        # into a static one, which fuses; a traced offset would also be one more program input)
-        fn = _at_offset(fn, args[-1])
-        args = args[:-1]
+        fn, args = _recorded_offset(fn, args)
         if shape is not None:
             return lazy.call(fn, args, avals=(False, None, ((shape, args[0].dtype),)))
         return lazy.call(fn, args)
     return fn(*args)
 
 
+# view kernels recorded under DeferAndFuse: the storage offsets each was recorded with, until it has seen
+# more than _MAX_BAKED_OFFSETS of them; then its offsets are traced (`_traced_offset_fns`)
+_MAX_BAKED_OFFSETS = 4
+_baked_offsets: dict = {}
+_traced_offset_fns: set = set()
 _offset_fns: dict = {}
 
 
-def _at_offset(fn, offset: int):
+def _recorded_offset(fn, args: tuple) -> tuple:
+    """The kernel and arguments to record for view kernel `fn` (storage offset last in `args`).
+
+    The offset becomes a constant of the fused program: XLA turns the dynamic slice into a static one,
+    which fuses, and the program has one input less. A kernel whose offset changes from step to step
+    (`x[i * b:(i + 1) * b]` in a loop, a cache written at `pos`) would then make every step a new
+    program to compile; after a few distinct offsets its offset is traced instead (a program input).
+    """
+    offset = args[-1]
+    if fn not in _traced_offset_fns:
+        fixed = _offset_fns.get((fn, offset))
+        if fixed is not None:
+            return fixed, args[:-1]
+        seen = _baked_offsets.setdefault(fn, set())
+        seen.add(offset)
+        if len(seen) <= _MAX_BAKED_OFFSETS:
+            return _at_offset(fn, offset), args[:-1]
+        _traced_offset_fns.add(fn)
+        for old in seen:
+            _offset_fns.pop((fn, old), None)
+        _baked_offsets.pop(fn, None)
+    if type(offset) is tuple:  # a grid write's start per dimension: one traced scalar each
+        return _spread_last(fn, len(offset)), args[:-1] + offset
+    return fn, args
+
+
+def _at_offset(fn, offset):
     """`fn` (a view kernel taking the storage offset last) with `offset` fixed, cached."""
-    key = (fn, offset)
-    fixed = _offset_fns.get(key)
-    if fixed is None:
-        jax = platform.jax()
-        fixed = _offset_fns[key] = jax.jit(lambda *args: fn(*args, offset))
+    jax = platform.jax()
+    fixed = _offset_fns[(fn, offset)] = jax.jit(lambda *args: fn(*args, offset))
     return fixed
+
+
+@cache
+def _spread_last(fn, n: int):
+    """`fn` taking its last argument (a tuple of `n` numbers) as `n` separate arguments."""
+    jax = platform.jax()
+    return jax.jit(lambda *args: fn(*args[:-n], tuple(args[-n:])))
 
 
 def write(t: torch.Tensor, value) -> None:

@@ -86,6 +86,49 @@ def test_a_loop_that_never_syncs_is_cut_into_one_repeated_program(defer, monkeyp
     torch.testing.assert_close(outs[-1].cpu(), x.sum(), rtol=1e-3, atol=1e-2)
 
 
+def test_views_that_move_every_step_reuse_one_program(defer):
+    """A loop that reads `x[i * 8:(i + 1) * 8]` and writes `buf[:, i]` (a batch loader, a cache slot)
+    moves its views' storage offsets every step. Offsets baked into the fused program would make every
+    window of steps a new program; after a few distinct offsets they are traced, so windows repeat."""
+    x = torch.randn(400, 16)
+    w = torch.randn(16, 16)
+    tx, tw = x.to("tpu"), w.to("tpu")
+    tbuf = torch.zeros(4, 50, 16, device="tpu")
+    torch.tpu.flush()
+    misses = []
+    for i in range(50):
+        y = (tx[i * 8 : (i + 1) * 8] @ tw).relu()
+        tbuf[:, i] = y[:4]
+        if i % 5 == 4:
+            before = lazy.stats["cache_misses"]
+            y.sum().item()
+            misses.append(lazy.stats["cache_misses"] - before)
+    # the first windows compile while offsets are still baked; the rest reuse one program
+    assert sum(misses[4:]) == 0, f"windows of identical steps compiled again: {misses}"
+    ref = torch.zeros(4, 50, 16)
+    for i in range(50):
+        ref[:, i] = (x[i * 8 : (i + 1) * 8] @ w).relu()[:4]
+    torch.testing.assert_close(tbuf.cpu(), ref)
+
+
+def test_program_cache_keeps_the_most_recently_used(defer, monkeypatch):
+    monkeypatch.setattr(lazy, "MAX_PROGRAMS", 3)
+    t = torch.randn(5, device="tpu")
+    torch.tpu.flush()
+    for n in range(1, 7):  # six different programs
+        assert (t * n + n).sum().item() == pytest.approx(float((t.cpu() * n + n).sum()), rel=1e-5)
+    assert len(lazy._program_cache) <= 3
+
+
+def test_a_new_program_every_step_warns_once(defer, monkeypatch):
+    monkeypatch.setattr(lazy, "_streak", {"misses": 0, "warned": False})
+    torch.tpu.flush()
+    with pytest.warns(UserWarning, match="each compiled a new program") as record:
+        for n in range(1, 30):  # a sequence that grows every step: a new shape each flush
+            torch.ones(n, device="tpu").cumsum(0)[-1].item()
+    assert sum("each compiled a new program" in str(w.message) for w in record) == 1
+
+
 def test_smallest_period():
     assert lazy._smallest_period([1, 2, 3, 1, 2, 3, 1]) == 3
     assert lazy._smallest_period([1, 1, 1]) == 1
