@@ -6,6 +6,13 @@ shapes/dtypes. Parameters enter as the device buffers they already are (no per-c
 that holds an op without a pure-JAX lowering runs op by op in tpu eager instead (one warning naming the
 op; an error under `HF_TPU_COMPILE_STRICT=1`).
 
+Outputs land on the device their traced value names (a `.cpu()` result or a CPU factory comes back as
+a CPU tensor, as in eager), and a graph that touches no tpu tensor runs in PyTorch on CPU, untouched.
+
+Random ops recomputed by activation checkpointing come wrapped in `run_and_save_rng_state` (forward)
+and `run_with_rng_state` (backward): the saved state is the device generator's state at the draw, in
+`torch.tpu.get_rng_state()`'s format, so the backward replays the very same key, compiled or op by op.
+
 Inputs the graph overwrites whole (a StaticCache's KV buffer, BatchNorm running stats, optimizer state)
 are donated to XLA so it updates them in place instead of copying (`HF_TPU_DONATE=0` turns this off).
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import os
 import sys
 import threading
@@ -21,6 +29,7 @@ import warnings
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._prims import rng_prims
 
 from hf_tpu.runtime import platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
@@ -85,6 +94,12 @@ class GraphLoweringMissing(NotImplementedError):
     pass
 
 
+# activation checkpointing's RNG wrappers (aot_autograd's `functionalize_rng_ops`)
+_SAVE_RNG = rng_prims.run_and_save_rng_state
+_WITH_RNG = rng_prims.run_with_rng_state
+_GRAPHSAFE_RNG = rng_prims.graphsafe_run_with_rng_state
+
+
 def _decompositions() -> dict:
     from torch._decomp import core_aten_decompositions
 
@@ -126,25 +141,29 @@ class GraphProgram:
         self.donation_plan = donation_plan
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
         self._out_specs: list | None = None  # (shape, dtype) per graph output, from the FX metadata
-        self.n_random = sum(
-            1
-            for n in gm.graph.nodes
-            if n.op == "call_function" and (lw := graph_lowering(n.target)) is not None and lw.random
-        )
+        self.n_random = sum(1 for n in gm.graph.nodes if _draws_key(n))
+        self._out_places: list | None = None  # per graph output: where it goes (`_placements`)
         self._jitted = None
         self._static: tuple = ()
         self._storm_warned = False
         self._warmed = False  # the first call compiled ahead, outside DONATION_LOCK (`_compile_ahead`)
         if self.missing:
-            self._views_to_reshapes()
+            self._prepare_op_by_op()
 
-    def _views_to_reshapes(self) -> None:
+    def _prepare_op_by_op(self) -> None:
         """For op-by-op execution: eager outputs are contiguous where the traced fake tensors may not
-        have been, so a `view` the graph planned on fake strides becomes a `reshape` (view when it can)."""
+        have been, so a `view` the graph planned on fake strides becomes a `reshape` (view when it can);
+        the RNG wrappers, which PyTorch implements only for CPU/CUDA/XPU/HPU, get tpu-aware versions."""
         aten = torch.ops.aten
+        eager = {
+            aten.view.default: aten.reshape.default,
+            aten._unsafe_view.default: aten.reshape.default,
+            _SAVE_RNG: _eager_run_and_save_rng_state,
+            _WITH_RNG: _eager_run_with_rng_state,
+        }
         for node in self.gm.graph.nodes:
-            if node.op == "call_function" and node.target in (aten.view.default, aten._unsafe_view.default):
-                node.target = aten.reshape.default
+            if node.op == "call_function" and node.target in eager:
+                node.target = eager[node.target]
         self.gm.recompile()
 
     def _find_missing(self) -> list[str]:
@@ -152,7 +171,13 @@ class GraphProgram:
         for node in self.gm.graph.nodes:
             if node.op != "call_function":
                 continue
-            target = node.target
+            if node.target is _GRAPHSAFE_RNG:
+                raise GraphLoweringMissing(
+                    f"hf_tpu compile: graph {self.name} uses graphsafe_run_with_rng_state, which needs a "
+                    "torch.Generator for the tpu device; do not register 'tpu' with "
+                    "register_graphsafe_rng_device_type"
+                )
+            target = _wrapped_op(node)
             if not isinstance(target, torch._ops.OpOverload):
                 continue  # Python arithmetic on sizes, getitem: evaluated as is
             if graph_lowering(target) is not None:
@@ -162,10 +187,9 @@ class GraphProgram:
 
     def interpret(self, keys, *arrays):
         """Evaluate the graph on JAX values (traced under jit)."""
-        jnp = platform.jax().numpy
         env = {}
         args = iter(arrays)
-        key_iter = (rng.key_from(keys, i) for i in range(self.n_random))
+        draws = iter(range(self.n_random))  # the draw index of each random op, in graph order
 
         def fetch(a):
             if isinstance(a, torch.fx.Node):
@@ -179,32 +203,40 @@ class GraphProgram:
                 env[node] = next(args)
             elif node.op == "call_function":
                 target = node.target
-                if not isinstance(target, torch._ops.OpOverload):
-                    env[node] = target(
-                        *(fetch(a) for a in node.args), **{k: fetch(v) for k, v in node.kwargs.items()}
-                    )
-                    continue
-                lowering = graph_lowering(target)
-                sig = _Signature(target)
-                full = sig.normalize(
-                    tuple(fetch(a) for a in node.args), {k: fetch(v) for k, v in node.kwargs.items()}
-                )
-                full = [_devicefree(v) for v in full]
-                if lowering.random:
-                    full = [next(key_iter), *full]
-                try:
-                    out = lowering.fn(*full)
-                except Exception as exc:  # noqa: BLE001 - name the node
-                    raise RuntimeError(
-                        f"hf_tpu compile: lowering {target} failed in graph {self.name}: {exc}"
-                    ) from exc
-                env[node] = _cast_like(jnp, out, _spec(node))
+                node_args = [fetch(a) for a in node.args]
+                kwargs = {k: fetch(v) for k, v in node.kwargs.items()}
+                if target is _SAVE_RNG:  # (state, op(*args)): the state replays this draw's key
+                    i = next(draws)
+                    out = self._lower(node_args[0], node_args[1:], kwargs, rng.key_from(keys, i), node)
+                    env[node] = (_state_of_draw(keys, i), out)
+                elif target is _WITH_RNG:  # op(*args) with the key of a saved state
+                    key = _key_of_state(node_args[0])
+                    env[node] = self._lower(node_args[1], node_args[2:], kwargs, key, node)
+                elif not isinstance(target, torch._ops.OpOverload):
+                    env[node] = target(*node_args, **kwargs)
+                else:
+                    random = graph_lowering(target).random
+                    key = rng.key_from(keys, next(draws)) if random else None
+                    env[node] = self._lower(target, node_args, kwargs, key, node)
             elif node.op == "output":
                 outs = node.args[0]
                 return tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outs)
             elif node.op == "get_attr":
                 env[node] = to_jax(getattr(self.gm, node.target))
         raise RuntimeError("graph without output")
+
+    def _lower(self, op, args: list, kwargs: dict, key, node):
+        """`op` applied through its lowering (given `key` first when it is random), cast to the traced
+        result of `node`."""
+        lowering = graph_lowering(op)
+        full = [_devicefree(v) for v in _Signature(op).normalize(tuple(args), kwargs)]
+        if lowering.random:
+            full = [key, *full]
+        try:
+            out = lowering.fn(*full)
+        except Exception as exc:  # noqa: BLE001 - name the node
+            raise RuntimeError(f"hf_tpu compile: lowering {op} failed in graph {self.name}: {exc}") from exc
+        return _cast_like(platform.jax().numpy, out, _result_spec(node))
 
     def __call__(self, *args):
         if self.missing:
@@ -250,17 +282,24 @@ class GraphProgram:
             self._check_recompile_storm(args)
         # for synchronize(); not the donated outputs: an extra reference would block their next donation
         platform.last_launched[0] = [o for k, o in enumerate(outs) if k not in updated]
-        out_specs = self._out_specs
-        if out_specs is None:
-            out_specs = self._out_specs = [_spec_of(v) for v in self._output_vals()]
+        out_specs, places = self._out_specs, self._out_places
+        if out_specs is None or places is None:
+            nodes = self._output_nodes()
+            out_specs = self._out_specs = [
+                _spec_of(n.meta.get("val")) if isinstance(n, torch.fx.Node) else None for n in nodes
+            ]
+            places = self._out_places = self._placements(nodes)
         return [
-            updated[k]
-            if k in updated
-            else wrap(o, s[1] if s else None)
-            if hasattr(o, "dtype") and hasattr(o, "shape")
-            else o
-            for k, (o, s) in enumerate(zip(outs, out_specs))
+            updated[k] if k in updated else _output(o, s, place, args)
+            for k, (o, s, place) in enumerate(zip(outs, out_specs, places))
         ]
+
+    def _placements(self, nodes: list) -> list:
+        """Per output, where eager has it: _DEVICE (a tpu tensor, or a Python value), _HOST (a CPU
+        tensor), or the index of the CPU input it is (a CPU input saved for the backward: returned as
+        is, with no round trip through the device, which would also wait for the whole graph)."""
+        inputs = {n: i for i, n in enumerate(n for n in self.gm.graph.nodes if n.op == "placeholder")}
+        return [(inputs.get(n, _HOST) if _belongs_on_cpu(n) else _DEVICE) for n in nodes]
 
     def _donatable(self, args, arrays) -> tuple[int, ...]:
         """The planned inputs whose buffer nothing else can read after this call, so XLA may reuse it.
@@ -318,10 +357,10 @@ class GraphProgram:
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
-    def _output_vals(self):
+    def _output_nodes(self) -> list:
         for node in self.gm.graph.nodes:
             if node.op == "output":
-                return [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in node.args[0]]
+                return list(node.args[0])
         return []
 
     def _check_recompile_storm(self, args) -> None:
@@ -402,6 +441,131 @@ def donation_plan(gm: torch.fx.GraphModule) -> tuple[tuple[int, int], ...]:
     return tuple(plan)
 
 
+def _belongs_on_cpu(node) -> bool:
+    """Whether graph output `node` is a CPU tensor in eager (`.cpu()`, a CPU factory, a CPU input's
+    math). A saved RNG state stays on the device although traced on CPU: only our backward reads it, and
+    fetching it would wait for the whole graph."""
+    if not isinstance(node, torch.fx.Node):
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.device.type != "cpu":
+        return False
+    saved_state = node.target is operator.getitem and getattr(node.args[0], "target", None) is _SAVE_RNG
+    return not saved_state
+
+
+_DEVICE, _HOST = "device", "host"  # where a graph output goes (`GraphProgram._placements`)
+
+
+def _output(value, spec, place, args):
+    """A graph output as the tensor eager would give: a tpu tensor of the traced dtype, a CPU tensor,
+    or (`place` an input index) that CPU input itself."""
+    if not isinstance(place, str):
+        return args[place]
+    if not (hasattr(value, "dtype") and hasattr(value, "shape")):
+        return value  # a Python value (a size)
+    dtype = spec[1] if spec else None
+    if place == _DEVICE:
+        return wrap(value, dtype)
+    from hf_tpu.runtime.copy import jax_to_host
+
+    host = jax_to_host(value)
+    return host if dtype is None or host.dtype == dtype else host.to(dtype)
+
+
+def _touches_tpu(gm: torch.fx.GraphModule) -> bool:
+    """Whether any value the graph reads, computes or returns is on a device other than the CPU."""
+    for node in gm.graph.nodes:
+        for value in torch.utils._pytree.tree_leaves(node.meta.get("val")):
+            if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                return True
+    return False
+
+
+def _draws_key(node) -> bool:
+    """Whether `node` takes the next key of the graph's draws: a random op, or an RNG wrapper that saves
+    the state of its draw (the replaying `run_with_rng_state` reuses a saved one)."""
+    if node.op != "call_function":
+        return False
+    if node.target is _SAVE_RNG:
+        return True
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    lowering = graph_lowering(node.target)
+    return lowering is not None and lowering.random
+
+
+def _wrapped_op(node):
+    """What `node` computes: the ATen op inside an RNG wrapper, else its own target."""
+    if node.target is _SAVE_RNG:
+        return node.args[0]
+    if node.target is _WITH_RNG:
+        return node.args[1]
+    return node.target
+
+
+def _result_spec(node):
+    """The traced (shape, dtype) of the op `node` runs. The RNG wrappers are inserted after tracing and
+    carry no value of their own: read it from the getitems that unpack them."""
+    if node.target is _SAVE_RNG:  # (state, result): result is item 1
+        item = next((u for u in node.users if u.target is operator.getitem and u.args[1] == 1), None)
+        return None if item is None else _spec(item)
+    if node.target is _WITH_RNG and "val" not in node.meta:
+        n = len(node.args[1]._schema.returns)
+        parts = {u.args[1]: _spec(u) for u in node.users if u.target is operator.getitem}
+        return tuple(parts.get(k) for k in range(n)) if parts and n > 1 else None
+    return _spec(node)
+
+
+_BYTE_SHIFTS = (0, 8, 16, 24)
+
+
+def _state_of_draw(material, index: int):
+    """The device generator's state just before draw `index` of `material`, in
+    `torch.tpu.get_rng_state()`'s format (little-endian uint64 seed, then offset): a generator set to it
+    draws that same key next, in a compiled graph (`_key_of_state`) or op by op."""
+    jnp = platform.jax().numpy
+    words = jnp.stack([material[1], material[0], material[2] + jnp.uint32(index), jnp.uint32(0)])
+    shifts = jnp.asarray(_BYTE_SHIFTS, jnp.uint32)
+    return ((words[:, None] >> shifts) & jnp.uint32(0xFF)).astype(jnp.uint8).reshape(16)
+
+
+def _key_of_state(state):
+    """The key of the next draw of a generator set to `state` (the inverse of `_state_of_draw`)."""
+    jnp = platform.jax().numpy
+    if tuple(state.shape) != (16,) or state.dtype != jnp.uint8:
+        raise RuntimeError(
+            f"hf_tpu compile: run_with_rng_state needs a tpu RNG state (16 uint8 values, as "
+            f"torch.tpu.get_rng_state() gives), got shape {tuple(state.shape)} {state.dtype}"
+        )
+    shifts = jnp.asarray(_BYTE_SHIFTS, jnp.uint32)
+    words = (state.reshape(4, 4).astype(jnp.uint32) << shifts).sum(axis=1, dtype=jnp.uint32)
+    return rng.key_from(jnp.stack([words[1], words[0], words[2]]))
+
+
+def _on_tpu(args, kwargs) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.device.type == "tpu" for a in (*args, *kwargs.values()))
+
+
+def _eager_run_and_save_rng_state(op, *args, **kwargs):
+    """`run_and_save_rng_state` op by op: the tpu generator's state, then `op`'s result."""
+    if not _on_tpu(args, kwargs):
+        return _SAVE_RNG(op, *args, **kwargs)
+    return rng.GENERATOR.get_state(), op(*args, **kwargs)
+
+
+def _eager_run_with_rng_state(state, op, *args, **kwargs):
+    """`run_with_rng_state` op by op: `op` drawing from `state`, the generator left as it was."""
+    if not _on_tpu(args, kwargs):
+        return _WITH_RNG(state, op, *args, **kwargs)
+    current = rng.GENERATOR.get_state()
+    rng.GENERATOR.set_state(state)
+    try:
+        return op(*args, **kwargs)
+    finally:
+        rng.GENERATOR.set_state(current)
+
+
 def _devicefree(v):
     if isinstance(v, torch.device):
         return None
@@ -419,6 +583,8 @@ _counter = [0]
 
 def _make_compiler(kind: str):
     def compiler(gm: torch.fx.GraphModule, example_inputs):
+        if not _touches_tpu(gm):
+            return gm  # a CPU-only graph: PyTorch runs it on the CPU, as eager would
         with _lock:
             _counter[0] += 1
             name = f"{kind}{_counter[0]}"
