@@ -1,6 +1,7 @@
 """torch.special's orthogonal polynomials, Bessel functions and Airy Ai on tpu vs CPU PyTorch (ATen's own
-algorithms, special_extra.py): value grids with the edge cases (|x| == 1, x == 0, branch points, NaN,
-inf, negative and non-integer degrees, degrees past Hermite's limit) in float32 and float64."""
+algorithms: lowerings/special_polynomials.py, special_bessel.py): value grids with the edge cases
+(|x| == 1, x == 0, branch points, NaN, inf, negative and non-integer degrees, degrees past Hermite's
+limit) in float32 and float64."""
 
 from __future__ import annotations
 
