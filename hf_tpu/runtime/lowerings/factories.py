@@ -123,6 +123,8 @@ def _from_both_ends(start, end, steps: int, dtype):
     """start + step*i for the first half, end - step*(steps-1-i) for the rest, in PyTorch's step type.
 
     Floats compute in their own dtype (as CPU PyTorch does, bf16 included); integers step in double.
+    CPU's float32/float64 kernels round `start + step*i` once (a fused multiply-add): float32 computes
+    it in float64 (exact product, one rounding back), float64 with an emulated fma.
     """
     integral = _is_integral(dtype)
     step_t = _wide_float() if integral else dtype
@@ -131,9 +133,37 @@ def _from_both_ends(start, end, steps: int, dtype):
     e = jnp.asarray(end).astype(dtype).astype(step_t)
     step = (e - s) / _opaque(steps - 1, step_t)
     idx = jnp.arange(steps, dtype=jnp.int64)
-    head = s + step * idx.astype(step_t)
-    tail = e - step * (steps - 1 - idx).astype(step_t)
+    fma = _fma_for(step_t)
+    head = fma(step, idx.astype(step_t), s)
+    tail = fma(-step, (steps - 1 - idx).astype(step_t), e)
     return jnp.where(idx < steps // 2, head, tail)
+
+
+def _fma_for(dtype):
+    """a*b + c rounded once where CPU's kernel fuses it (float32, float64), else as two operations."""
+    if dtype == jnp.float32 and platform.supports_float64():
+        f64 = jnp.float64
+        return lambda a, b, c: (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(dtype)
+    if dtype == jnp.float64:
+        return _fma64
+    return lambda a, b, c: c + a * b
+
+
+def _fma64(a, b, c):
+    """float64 a*b + c with (nearly always) one rounding: the product's exact error (Dekker's split)
+    and the sum's exact error (Knuth's two-sum) are added back before the final rounding."""
+    p = a * b
+    split = 134217729.0  # 2**27 + 1
+    a_big, b_big = a * split, b * split
+    a_hi = a_big - (a_big - a)
+    b_hi = b_big - (b_big - b)
+    a_lo, b_lo = a - a_hi, b - b_hi
+    p_err = ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
+    total = c + p
+    c_part = total - p
+    sum_err = (c - c_part) + (p - (total - c_part))
+    out = total + (p_err + sum_err)
+    return jnp.where(jnp.isfinite(out), out, c + p)
 
 
 @lowers(
