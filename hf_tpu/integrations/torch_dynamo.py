@@ -20,6 +20,9 @@ def tpu(gm, example_inputs, **kwargs):
 
 
 def register_tpu_backend(registry: ModuleType) -> None:
+    from hf_tpu.runtime import meta_fixes
+
+    meta_fixes.install()  # before Dynamo fake-traces the first compiled function
     # Only while TorchDynamo has not discovered its entry-point backends yet. Once it has, the lookup
     # that is importing hf_tpu through the entry point (torch.compile before `import hf_tpu`, with
     # autoloading off) registers `tpu` itself right after, and a second registration would fail.

@@ -379,3 +379,27 @@ print("ok")
 
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_a_float32_moe_model_can_be_the_first_compile_of_a_process():
+    """Dynamo fake-traces before it calls the backend: the float32 `_grouped_mm` meta fix must be in
+    place by then, not installed when the backend module first loads."""
+    code = """
+import sys, torch
+sys.path.insert(0, %r)
+import hf_tpu
+assert "hf_tpu.runtime.compile" not in sys.modules
+from tests.integrations import zoo
+model, inputs = zoo.build("qwen3_moe")
+with torch.no_grad():
+    ref = model(**inputs).logits
+    out = torch.compile(model.to("tpu"), backend="tpu")(**zoo.to_device(inputs, "tpu")).logits
+torch.testing.assert_close(out.cpu(), ref, atol=1e-4, rtol=1e-4)
+print("ok")
+"""
+    import subprocess
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    r = subprocess.run([sys.executable, "-c", code % root], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]

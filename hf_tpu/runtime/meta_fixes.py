@@ -1,0 +1,53 @@
+"""Meta (fake-tensor) kernels PyTorch gets wrong for tpu, fixed before TorchDynamo traces anything.
+
+Dynamo fake-traces a function before it calls the backend, so these must be in place by the first
+`torch.compile` (installed when Dynamo's backend registry loads, hf_tpu.integrations.torch_dynamo), not
+when the backend module is first imported.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+
+import torch
+
+_lock = threading.Lock()
+_meta_lib = None  # kept alive: a Library's registrations end with it
+
+
+def allow_float_grouped_mm_in_fake_tensors() -> None:
+    """torch's meta kernel of `_grouped_mm` copies CUDA's bf16-only check, so Dynamo's fake-tensor pass
+    rejects the float32 MoE expert matmul that CPU and tpu eager run fine (transformers picks
+    `_grouped_mm` for tpu; 63 of 64 compile failures of the 5,000-model run): compute the meta result
+    in bf16 and give it the real dtype. Installed where fake tensors look: the Python dispatcher's
+    `py_kernels`, the meta table and the Meta dispatch key. Idempotent."""
+    global _meta_lib
+    with _lock:
+        if _meta_lib is not None:
+            return
+        from torch._decomp import meta_table
+        from torch._meta_registrations import meta_grouped_mm
+
+        bf16 = torch.bfloat16
+        op = torch.ops.aten._grouped_mm.default
+
+        def meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+            if mat_a.dtype == mat_b.dtype and mat_a.dtype in (torch.float32, torch.float16):
+                cast = None if bias is None else bias.to(bf16)
+                out = meta_grouped_mm(mat_a.to(bf16), mat_b.to(bf16), offs, cast, bf16)
+                return out.to(out_dtype or mat_a.dtype)
+            return meta_grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
+
+        op.py_kernels[torch._C.DispatchKey.Meta] = meta
+        meta_table[op] = meta
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point
+            lib.impl("_grouped_mm", meta, "Meta")
+        op._dispatch_cache.clear()
+        _meta_lib = lib
+
+
+def install() -> None:
+    allow_float_grouped_mm_in_fake_tensors()
