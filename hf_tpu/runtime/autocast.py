@@ -7,6 +7,8 @@ through the key, except the ones CUDA's autocast casts (aten/src/ATen/autocast_m
 
 - lower precision: matmuls, convolutions, linear, attention run in the autocast dtype;
 - fp32: ops that lose too much in 16 bits (exp/log/pow, norms, losses, upsampling) run in float32;
+  `cross_entropy_loss` too, as in CPU's and torch_xla's autocast (CUDA's leaves it to ATen, which calls
+  `log_softmax(x, dim, dtype=x.dtype)` explicitly, so bf16 logits got a bf16 log-softmax);
 - fp32 unless a dtype is given: softmax, log_softmax, sum, prod, cumsum, cumprod, vector/matrix norms;
 - promote: ops mixing several inputs (cat, stack, addcmul, index_put, ...) run in the widest input dtype;
 - refused: binary_cross_entropy (use the `_with_logits` form), with CUDA's message.
@@ -86,6 +88,7 @@ FP32 = (
     "nuclear_norm.dim",
     "cosine_similarity",
     "poisson_nll_loss",
+    "cross_entropy_loss",
     "cosine_embedding_loss",
     "nll_loss",
     "nll_loss2d",

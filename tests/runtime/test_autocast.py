@@ -119,3 +119,17 @@ def test_rms_norm_runs_in_float32_and_binary_cross_entropy_is_refused_as_on_cuda
         with pytest.raises(RuntimeError, match="unsafe to autocast"):
             F.binary_cross_entropy(x, x)
         assert F.binary_cross_entropy_with_logits(x, x).dtype == torch.float32
+
+
+def test_cross_entropy_runs_in_float32_as_cpu_autocast():
+    """ATen's cross_entropy calls log_softmax with an explicit dtype (the logits'): listed as fp32 (CPU
+    and torch_xla do), bf16 logits give CPU autocast's loss, not a bf16 log-softmax's."""
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 10, generator=g) * 2).bfloat16()
+    target = torch.randint(0, 10, (64,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = torch.nn.functional.cross_entropy(logits, target, label_smoothing=0.1)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        got = torch.nn.functional.cross_entropy(logits.to("tpu"), target.to("tpu"), label_smoothing=0.1)
+    assert got.dtype == want.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-6, atol=1e-6)
