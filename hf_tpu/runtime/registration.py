@@ -61,13 +61,14 @@ def register() -> None:
         fallback_lib = torch.library.Library("_", "IMPL")
         fallback_lib.fallback(dispatch.fallback, "PrivateUse1")
         _libs.append(fallback_lib)
-        from hf_tpu.runtime import accelerator_api, autocast, pinned, printing, storage_api
+        from hf_tpu.runtime import accelerator_api, autocast, module_conversion, pinned, printing, storage_api
 
         autocast.register()
         storage_api.install()
         accelerator_api.install()
         printing.install()
         pinned.install()
+        module_conversion.install()
         _registered = True
     from hf_tpu.runtime import upstream_caches
 
