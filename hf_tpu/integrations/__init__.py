@@ -23,6 +23,7 @@ from types import ModuleType
 # target module -> "hf_tpu.integrations.<file>:<function>" patches, applied in order, once per module object
 HOOKS: dict[str, tuple[str, ...]] = {
     "accelerate.utils.modeling": ("accelerate:patch_modeling",),
+    "accelerate.utils.dataclasses": ("accelerate:patch_dataclasses",),
     "accelerate.utils": ("accelerate:patch_utils",),
     "accelerate.state": ("accelerate:patch_state",),
     "transformers.integrations.accelerate": ("transformers:patch_integrations_accelerate",),

@@ -153,6 +153,22 @@ def patch_utils(module: ModuleType) -> None:
     module.get_max_memory = get_max_memory
 
 
+def patch_dataclasses(module: ModuleType) -> None:
+    """accelerate.utils.dataclasses: `DynamoBackend` is a closed enum of the backends accelerate knew, so
+    `TorchDynamoPlugin(backend="tpu")` (what `Trainer(torch_compile=True)` builds on tpu) raised
+    "'TPU' is not a valid DynamoBackend". Add the member; accelerate passes `backend.value.lower()`."""
+    enum_cls = getattr(module, "DynamoBackend", None)
+    if enum_cls is None or "TPU" in enum_cls._member_map_:
+        return
+    member = str.__new__(enum_cls, "TPU")
+    member._name_ = member._value_ = "TPU"
+    member.__objclass__ = enum_cls
+    member._sort_order_ = len(enum_cls._member_names_)
+    enum_cls._member_map_["TPU"] = member
+    enum_cls._value2member_map_["TPU"] = member
+    enum_cls._member_names_.append("TPU")
+
+
 def patch_state(module: ModuleType) -> None:
     """`PartialState.default_device` probes cuda, xpu, npu... but never tpu: add it (before the CPU default)."""
     cls = module.PartialState

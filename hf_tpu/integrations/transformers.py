@@ -401,7 +401,8 @@ def patch_modeling_utils(module: ModuleType) -> None:
 
 
 def patch_training_args(module: ModuleType) -> None:
-    """TrainingArguments: no pinned host memory for tpu (DataLoader would ask the tpu for a pinned allocator)."""
+    """TrainingArguments on tpu: no pinned host memory (DataLoader would ask the tpu for a pinned
+    allocator), and `torch_compile=True` compiles with the `tpu` backend unless another is named."""
     cls = module.TrainingArguments
     original = cls.__dict__.get("__post_init__")
     if original is None or getattr(original, "__hf_tpu__", False):
@@ -409,10 +410,14 @@ def patch_training_args(module: ModuleType) -> None:
 
     @functools.wraps(original)
     def __post_init__(self, *args, **kwargs):
+        backend_given = self.torch_compile_backend is not None
         original(self, *args, **kwargs)
         if self.use_cpu or not tpu_is_accelerator():
             return
         self.dataloader_pin_memory = False
+        if self.torch_compile and not backend_given:
+            # transformers defaults to inductor, which has no tpu code generator here
+            self.torch_compile_backend = "tpu"
         if str(getattr(self.optim, "value", self.optim)) == "adamw_torch_fused" and not _has_lowering(
             "aten::_fused_adamw_"
         ):

@@ -18,9 +18,10 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _train(tmp_path, use_cpu: bool, **extra):
+def _train(tmp_path, use_cpu: bool, tie: bool = False, **extra):
     torch.manual_seed(0)
     config = LlamaConfig(
+        tie_word_embeddings=tie,
         vocab_size=128,
         hidden_size=32,
         intermediate_size=64,
@@ -75,3 +76,20 @@ def test_trainer_with_bf16_mixed_precision_matches_cpu(tmp_path):
     trainer, _, losses = _train(tmp_path, use_cpu=False, bf16=True)
     assert trainer.accelerator.mixed_precision == "bf16" and trainer.args.device.type == "tpu"
     assert losses == pytest.approx(cpu_losses, abs=1e-3)
+
+
+def test_trainer_with_torch_compile_uses_the_tpu_backend_and_matches_cpu(tmp_path):
+    """`torch_compile=True` defaults to inductor, which cannot generate tpu code: on tpu it picks the
+    `tpu` backend (accelerate's DynamoBackend enum gets a TPU member). The model ties its LM head to the
+    embedding, which must stay tied when Trainer moves it to tpu."""
+    import torch._dynamo
+
+    _, _, cpu_losses = _train(tmp_path, use_cpu=True, tie=True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    trainer, model, losses = _train(tmp_path, use_cpu=False, tie=True, torch_compile=True)
+    assert trainer.args.torch_compile_backend == "tpu"
+    assert trainer.accelerator.state.dynamo_plugin.backend.value == "TPU"
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert losses == pytest.approx(cpu_losses, abs=1e-4)
