@@ -8,6 +8,8 @@ op; an error under `HF_TPU_COMPILE_STRICT=1`).
 
 Outputs land on the device their traced value names (a `.cpu()` result or a CPU factory comes back as
 a CPU tensor, as in eager), and a graph that touches no tpu tensor runs in PyTorch on CPU, untouched.
+They alias as in eager (`_plan_outputs`): an input returned comes back as that very tensor, a view of
+another output or of an intermediate as a view of its storage, and a size as a Python number.
 
 Random ops recomputed by activation checkpointing come wrapped in `run_and_save_rng_state` (forward)
 and `run_with_rng_state` (backward): the saved state is the device generator's state at the draw, in
@@ -30,6 +32,8 @@ import warnings
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._prims import rng_prims
+from torch._prims_common import is_contiguous_or_false
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from hf_tpu.runtime import platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
@@ -133,16 +137,19 @@ def _spec_of(val):
 class GraphProgram:
     """One ATen FX graph interpreted with the lowering table; `run(*tensors)` executes it jitted."""
 
-    def __init__(self, gm: torch.fx.GraphModule, name: str, donation_plan: tuple = ()) -> None:
+    def __init__(
+        self, gm: torch.fx.GraphModule, name: str, donation_plan: tuple = (), user_outputs: range = range(0)
+    ) -> None:
         self.gm = gm
         self.name = name
         self.missing = self._find_missing()
         # (input index, index of the output that becomes its new value): see `donation_plan`
         self.donation_plan = donation_plan
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
-        self._out_specs: list | None = None  # (shape, dtype) per graph output, from the FX metadata
         self.n_random = sum(1 for n in gm.graph.nodes if _draws_key(n))
-        self._out_places: list | None = None  # per graph output: where it goes (`_placements`)
+        # how each output is produced, and the nodes the jitted program returns (`_plan_outputs`)
+        self._plan, self._jit_nodes, self._jit_index, self._has_views = _plan_outputs(gm, user_outputs)
+        self._n_outputs = len(_output_nodes(gm))
         self._jitted = None
         self._static: tuple = ()
         self._storm_warned = False
@@ -219,8 +226,7 @@ class GraphProgram:
                     key = rng.key_from(keys, next(draws)) if random else None
                     env[node] = self._lower(target, node_args, kwargs, key, node)
             elif node.op == "output":
-                outs = node.args[0]
-                return tuple(env[o] if isinstance(o, torch.fx.Node) else o for o in outs)
+                return tuple(env[o] for o in self._jit_nodes)
             elif node.op == "get_attr":
                 env[node] = to_jax(getattr(self.gm, node.target))
         raise RuntimeError("graph without output")
@@ -276,30 +282,33 @@ class GraphProgram:
             updated = {}
             for i, k in plan:
                 if i in donated:
-                    REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[k])
+                    REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[self._jit_index[k]])
                     updated[k] = args[i].detach()
         if not self._storm_warned:
             self._check_recompile_storm(args)
         # for synchronize(); not the donated outputs: an extra reference would block their next donation
-        platform.last_launched[0] = [o for k, o in enumerate(outs) if k not in updated]
-        out_specs, places = self._out_specs, self._out_places
-        if out_specs is None or places is None:
-            nodes = self._output_nodes()
-            out_specs = self._out_specs = [
-                _spec_of(n.meta.get("val")) if isinstance(n, torch.fx.Node) else None for n in nodes
-            ]
-            places = self._out_places = self._placements(nodes)
-        return [
-            updated[k] if k in updated else _output(o, s, place, args)
-            for k, (o, s, place) in enumerate(zip(outs, out_specs, places))
-        ]
+        kept = {self._jit_index[k] for k in updated}
+        platform.last_launched[0] = [o for j, o in enumerate(outs) if j not in kept] if kept else list(outs)
+        return self._results(outs, args, updated)
 
-    def _placements(self, nodes: list) -> list:
-        """Per output, where eager has it: _DEVICE (a tpu tensor, or a Python value), _HOST (a CPU
-        tensor), or the index of the CPU input it is (a CPU input saved for the backward: returned as
-        is, with no round trip through the device, which would also wait for the whole graph)."""
-        inputs = {n: i for i, n in enumerate(n for n in self.gm.graph.nodes if n.op == "placeholder")}
-        return [(inputs.get(n, _HOST) if _belongs_on_cpu(n) else _DEVICE) for n in nodes]
+    def _results(self, outs: tuple, args: tuple, updated: dict) -> list:
+        """The graph's outputs as eager gives them, from the jitted program's results `outs` (see
+        `_plan_outputs`): first every value of its own, then the views of those values."""
+        results = []
+        for k, (kind, a, b, c) in enumerate(self._plan):
+            if kind is _FROM_JIT:
+                results.append(updated[k] if k in updated else _output(outs[a], b, c))
+            elif kind is _FROM_ARG:
+                results.append(args[a])
+            elif kind is _ON_HOST:
+                results.append(_evaluate_on_host(a, args, b))
+            else:  # a constant, or a view filled in below
+                results.append(a)
+        if self._has_views:
+            for k, (kind, root, steps, inputs) in enumerate(self._plan):
+                if kind is _AS_VIEW:
+                    results[k] = _replay_views(results[root], steps, args, inputs)
+        return results[: self._n_outputs]
 
     def _donatable(self, args, arrays) -> tuple[int, ...]:
         """The planned inputs whose buffer nothing else can read after this call, so XLA may reuse it.
@@ -356,12 +365,6 @@ class GraphProgram:
                 self.donation_plan = ()
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-
-    def _output_nodes(self) -> list:
-        for node in self.gm.graph.nodes:
-            if node.op == "output":
-                return list(node.args[0])
-        return []
 
     def _check_recompile_storm(self, args) -> None:
         """Warn once when this graph has been compiled for many input signatures.
@@ -441,6 +444,19 @@ def donation_plan(gm: torch.fx.GraphModule) -> tuple[tuple[int, int], ...]:
     return tuple(plan)
 
 
+def user_outputs(gm: torch.fx.GraphModule) -> range:
+    """The indices of the forward graph's outputs its caller sees: after the new values of mutated
+    inputs, before what is saved for the backward (aot_autograd's `num_forward_returns`)."""
+    n = len(_output_nodes(gm))
+    ctx = torch._guards.TracingContext.try_get()
+    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
+    if meta is None:
+        return range(n)
+    if getattr(meta, "tokens", None):
+        return range(0)  # effect tokens lead the outputs: leave the rest as it is
+    return range(meta.num_mutated_inp_runtime_indices, min(meta.num_forward_returns, n))
+
+
 def _belongs_on_cpu(node) -> bool:
     """Whether graph output `node` is a CPU tensor in eager (`.cpu()`, a CPU factory, a CPU input's
     math). A saved RNG state stays on the device although traced on CPU: only our backward reads it, and
@@ -454,18 +470,203 @@ def _belongs_on_cpu(node) -> bool:
     return not saved_state
 
 
-_DEVICE, _HOST = "device", "host"  # where a graph output goes (`GraphProgram._placements`)
+# where a value the jitted program returns goes (`_placement`): a tpu tensor, a CPU tensor, a number
+_DEVICE, _HOST, _NUMBER = "device", "host", "number"
+# how a graph output is produced (`_plan_outputs`)
+_FROM_JIT, _FROM_ARG, _ON_HOST, _AS_VIEW, _CONST = "jit", "arg", "on host", "view", "const"
 
 
-def _output(value, spec, place, args):
-    """A graph output as the tensor eager would give: a tpu tensor of the traced dtype, a CPU tensor,
-    or (`place` an input index) that CPU input itself."""
-    if not isinstance(place, str):
-        return args[place]
+def _output_nodes(gm: torch.fx.GraphModule) -> list:
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            return list(node.args[0])
+    return []
+
+
+def _plan_outputs(gm: torch.fx.GraphModule, user_outputs: range) -> tuple[list, list, dict, bool]:
+    """How `GraphProgram` produces each output as eager (and aot_eager, which runs the graph itself)
+    would: (plan, nodes the jitted program returns, graph output index -> index among those, any views).
+
+    - an input returned as is (a tensor saved for the backward, a size): that very object, so it keeps
+      its identity, storage and autograd metadata (a double backward must see the input itself);
+    - a number computable from the inputs alone (a size Dynamo made dynamic): computed on the host, a
+      Python number as aot_autograd requires, without waiting for the graph;
+    - a user output that is a view (`view`, `select`, `t`, ... of another value): replayed on the tensor
+      it views, so it shares that storage as in eager. aot_autograd regenerates outputs aliasing inputs,
+      and outputs aliasing intermediates only when they require grad: the rest is the backend's job.
+      A viewed intermediate that is no output is returned too, as a hidden result. Saved activations
+      stay compact copies (a view would keep its whole base alive and reach the backward strided);
+    - anything else: a result of the jitted program (a number among them: converted with int()/float()/
+      bool(), which waits for the graph).
+    Plan entries are (kind, a, b, c); see `GraphProgram._results`.
+    """
+    nodes = _output_nodes(gm)
+    inputs = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    plan: list = [None] * len(nodes)
+    jit_nodes: list = []
+    jit_index: dict = {}
+    first: dict = {}  # user output node -> its first index
+    hidden: dict = {}  # viewed intermediate -> its index in `plan` (after the outputs)
+    host: dict = {}
+    views = []
+
+    def from_jit(node):
+        jit_nodes.append(node)
+        return (_FROM_JIT, len(jit_nodes) - 1, *_placement(node))
+
+    for k, node in enumerate(nodes):
+        if not isinstance(node, torch.fx.Node):
+            plan[k] = (_CONST, node, None, None)
+        elif node.op == "placeholder":
+            plan[k] = (_FROM_ARG, inputs[node], None, None)
+        elif _number_type(node.meta.get("val")) is not None and _computable_on_host(node, host):
+            plan[k] = (_ON_HOST, node, inputs, None)
+        elif k in user_outputs and isinstance(node.meta.get("val"), torch.Tensor):
+            if node in first:  # returned twice: the same tensor twice
+                views.append((k, first[node], ()))
+                continue
+            first[node] = k
+            root, steps = _view_chain(node, host)
+            if steps:
+                views.append((k, root, steps))
+            else:
+                plan[k] = from_jit(node)
+                jit_index[k] = plan[k][1]
+        else:
+            plan[k] = from_jit(node)
+            jit_index[k] = plan[k][1]
+    updates = set(nodes[: user_outputs.start])  # new values of mutated inputs
+    for k, root, steps in views:
+        if root in updates:  # a view of a mutated input: aot_autograd makes it from the input itself
+            plan[k] = from_jit(nodes[k])
+            jit_index[k] = plan[k][1]
+            continue
+        if not isinstance(root, torch.fx.Node):
+            index = root  # an earlier output
+        elif root.op == "placeholder":
+            index = len(plan)
+            plan.append((_FROM_ARG, inputs[root], None, None))
+        elif root in first and plan[first[root]] is not None and plan[first[root]][0] is _FROM_JIT:
+            index = first[root]
+        else:
+            index = hidden.get(root)
+            if index is None:
+                index = hidden[root] = len(plan)
+                plan.append(from_jit(root))
+        plan[k] = (_AS_VIEW, index, steps, inputs)
+    return plan, jit_nodes, jit_index, bool(views)
+
+
+def _placement(node) -> tuple:
+    """(spec, place) of a value the jitted program returns: a number's Python type, or a tensor's traced
+    (shape, dtype) and whether eager has it on the device or on the host."""
+    number = _number_type(node.meta.get("val"))
+    if number is not None:
+        return number, _NUMBER
+    return _spec_of(node.meta.get("val")), (_HOST if _belongs_on_cpu(node) else _DEVICE)
+
+
+def _number_type(val):
+    """The Python type a traced number (a SymInt, SymFloat, SymBool or a plain number) comes back as."""
+    if isinstance(val, bool | torch.SymBool):
+        return bool
+    if isinstance(val, int | torch.SymInt):
+        return int
+    if isinstance(val, float | torch.SymFloat):
+        return float
+    return None
+
+
+def _computable_on_host(node, memo: dict) -> bool:
+    """Whether `node` is an input, or a number computed from inputs only (a size: `sym_size` of an
+    input, arithmetic on the graph's size inputs), so the host can compute it without the graph."""
+    known = memo.get(node)
+    if known is None:
+        if node.op == "placeholder":
+            known = True
+        else:
+            known = (
+                node.op == "call_function"
+                and _number_type(node.meta.get("val")) is not None
+                and all(_computable_on_host(n, memo) for n in node.all_input_nodes)
+            )
+        memo[node] = known
+    return known
+
+
+def _evaluate_on_host(node, args: tuple, inputs: dict):
+    """The value of a node `_computable_on_host` accepted, for this call's `args`."""
+    if node.op == "placeholder":
+        return args[inputs[node]]
+    a, kw = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _evaluate_on_host(n, args, inputs))
+    return node.target(*a, **kw)
+
+
+def _is_view_op(target) -> bool:
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
+
+
+def _view_chain(node, host: dict) -> tuple:
+    """(root, steps): the value `node` is a view of and the view ops that make it from there, each
+    (op, its other arguments, kwargs), in order; no steps when `node` is no view. A `getitem` of a
+    multi-output view (`split`, `unbind`) is a step too. A view with an argument only the device knows
+    (a size computed in the graph) ends the chain: it becomes the root."""
+    steps = []
+    root = node
+    while root.op == "call_function":
+        if root.target is operator.getitem:
+            parent = root.args[0]
+            if not (isinstance(parent, torch.fx.Node) and _is_view_op(parent.target)):
+                break
+            step, base = (operator.getitem, root.args[1:], {}), parent
+        elif _is_view_op(root.target) and isinstance(root.args[0], torch.fx.Node):
+            step, base = (root.target, root.args[1:], root.kwargs), root.args[0]
+        else:
+            break
+        if not all(_computable_on_host(n, host) for n in _arg_nodes(step[1:])):
+            break
+        steps.append(step)
+        root = base
+    if steps and root.op != "placeholder" and not _laid_out_as_wrapped(root.meta.get("val")):
+        return node, []  # views planned on strides our fresh (contiguous) result would not have
+    return root, steps[::-1]
+
+
+def _laid_out_as_wrapped(val) -> bool:
+    """Whether a traced tensor has the layout of the tensor `wrap` makes of its result: contiguous, at
+    offset 0 (views replayed on it then pick the elements the graph's views picked)."""
+    if not isinstance(val, torch.Tensor):
+        return False
+    return is_contiguous_or_false(val) and guard_or_false(val.storage_offset() == 0)
+
+
+def _arg_nodes(args) -> list:
+    found: list = []
+    torch.fx.node.map_arg(args, found.append)
+    return found
+
+
+def _replay_views(base: torch.Tensor, steps: tuple, args: tuple, inputs: dict):
+    """`base` through the view ops of `_view_chain`, with this call's sizes: a view of its storage."""
+    out = base
+    for op, rest, kwargs in steps:
+        if op is operator.getitem:
+            out = out[rest[0]]
+            continue
+        rest, kwargs = torch.fx.node.map_arg((rest, kwargs), lambda n: _evaluate_on_host(n, args, inputs))
+        out = op(out, *rest, **kwargs)
+    return out
+
+
+def _output(value, spec, place):
+    """A result of the jitted program as eager has it: a tpu tensor of the traced dtype, a CPU tensor,
+    or a Python number (`spec` its type; aot_autograd requires Python sizes)."""
+    if place is _NUMBER:
+        return spec(value)
     if not (hasattr(value, "dtype") and hasattr(value, "shape")):
-        return value  # a Python value (a size)
+        return value
     dtype = spec[1] if spec else None
-    if place == _DEVICE:
+    if place is _DEVICE:
         return wrap(value, dtype)
     from hf_tpu.runtime.copy import jax_to_host
 
@@ -588,7 +789,10 @@ def _make_compiler(kind: str):
         with _lock:
             _counter[0] += 1
             name = f"{kind}{_counter[0]}"
-        program = GraphProgram(gm, name, donation_plan(gm) if kind == "forward" else ())
+        if kind == "forward":
+            program = GraphProgram(gm, name, donation_plan(gm), user_outputs(gm))
+        else:
+            program = GraphProgram(gm, name)
         if program.missing:
             missing = sorted(set(program.missing))
             if os.environ.get("HF_TPU_COMPILE_STRICT", "") == "1":

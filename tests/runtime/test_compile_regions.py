@@ -297,3 +297,185 @@ def test_cpu_input_saved_for_the_backward_matches_eager():
         (loss + z.sum().cpu()).backward()
         results.append([loss, z, x.grad, y.grad])
     _assert_same_outputs(results[1], results[0])
+
+
+# --- sizes Dynamo made dynamic ------------------------------------------------------------------------
+
+
+def _linear_step(model, x):
+    model.zero_grad(set_to_none=True)
+    x = x.clone().requires_grad_(True)
+    out = model(x)
+    out.pow(2).sum().backward()
+    return [out.detach().cpu(), x.grad.cpu()] + [p.grad.cpu() for p in model.parameters()]
+
+
+def test_compiled_training_with_a_changing_batch_size_matches_cpu():
+    """The second batch size makes Dynamo compile a dynamic graph: its forward returns the symbolic batch
+    size for the backward, which aot_autograd needs back as a Python int (not a tensor)."""
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    dev = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
+    dev.load_state_dict(ref.state_dict())
+    compiled = torch.compile(dev.to("tpu"), backend="tpu")
+    for batch in (1, 2, 3):
+        x = torch.randn(batch, 4)
+        for got, want in zip(_linear_step(compiled, x.to("tpu")), _linear_step(ref, x)):
+            torch.testing.assert_close(got, want)
+
+
+def test_compiled_sizes_come_back_as_python_numbers():
+    def f(x):
+        return x * 2, x.shape[0] * 3, x.shape[0] / 2, x.shape[0] > 2
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for n in (3, 5):
+        out = compiled(torch.arange(float(n), device="tpu"))
+        assert [type(v) for v in out[1:]] == [int, float, bool]
+        assert out[1:] == (3 * n, n / 2, n > 2)
+        torch.testing.assert_close(out[0].cpu(), torch.arange(float(n)) * 2)
+
+
+def test_compiled_llama_training_with_a_changing_sequence_length_matches_cpu():
+    from tests.integrations import zoo
+
+    ref, _ = zoo.build("llama")
+    ref.train()
+    dev, _ = zoo.build("llama")
+    dev.load_state_dict(ref.state_dict())
+    dev.train()
+    compiled = torch.compile(dev.to("tpu"), backend="tpu")
+    for length in (8, 12, 6):
+        ids = torch.randint(3, zoo.VOCAB, (2, length), generator=torch.Generator().manual_seed(length))
+        results = []
+        for model, fn, device in ((ref, ref, "cpu"), (dev, compiled, "tpu")):
+            model.zero_grad(set_to_none=True)
+            loss = fn(input_ids=ids.to(device), labels=ids.to(device)).loss
+            loss.backward()
+            results.append([loss.detach().cpu()] + [p.grad.cpu() for p in model.parameters()])
+        for got, want in zip(results[1], results[0]):
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+# --- outputs that alias each other or an input --------------------------------------------------------
+
+
+def _views_of_an_output(x):
+    y = x + 1
+    return y, y.view(-1), y[1], y.t(), y[:, 1:], y[0].expand(3, 2)
+
+
+def _views_of_an_intermediate(x):
+    y = x * 2
+    return y.view(-1), y[1], y.t()
+
+
+def _view_before_its_base(x):
+    y = x + 1
+    return y.view(-1), y
+
+
+def _the_same_output_twice(x):
+    y = x + 1
+    return y, y, y.detach()
+
+
+def _the_input_and_its_views(x):
+    return x, x.view(-1), x[0], x * 2
+
+
+def _views_of_a_cpu_result(x):
+    y = (x + 1).cpu()
+    return y, y.view(-1), y[1]
+
+
+def _aliasing(x: torch.Tensor, outs) -> tuple:
+    """What eager promises about aliasing: which tensors share a storage, which are the very same
+    object, each output's view metadata and the tensor its `_base` is (an index into [x, *outs])."""
+    tensors = [x, *outs]
+
+    def storage(t):
+        return t.device.type, t.untyped_storage().data_ptr()
+
+    shares = [[storage(a) == storage(b) for b in tensors] for a in tensors]
+    same = [[a is b for b in tensors] for a in tensors]
+    meta = [(tuple(o.shape), o.stride(), o.storage_offset(), o.device.type, o.requires_grad) for o in outs]
+    bases = [
+        next((i for i, t in enumerate(tensors) if o._base is t), "other") if o._is_view() else None
+        for o in outs
+    ]
+    return shares, same, meta, bases
+
+
+def _run_and_mutate(fn, requires_grad: bool, rows: int = 3) -> tuple:
+    x = torch.arange(rows * 2.0, device="tpu").reshape(rows, 2).requires_grad_(requires_grad)
+    outs = fn(x)
+    aliasing = _aliasing(x, outs)
+    first = outs[0] if outs[0] is not x else outs[1]
+    with torch.no_grad():
+        first.add_(100)  # every output sharing its storage must see it
+    return aliasing, [o.detach().cpu() for o in outs]
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _views_of_an_output,
+        _views_of_an_intermediate,
+        _view_before_its_base,
+        _the_same_output_twice,
+        _the_input_and_its_views,
+        _views_of_a_cpu_result,
+    ],
+)
+def test_compiled_outputs_alias_as_in_eager(fn, requires_grad):
+    if requires_grad and fn is _views_of_a_cpu_result:
+        pytest.skip("an in-place write to a CPU view of a tensor that requires grad is refused in eager too")
+    want_aliasing, want_values = _run_and_mutate(fn, requires_grad)
+    got_aliasing, got_values = _run_and_mutate(torch.compile(fn, backend="tpu"), requires_grad)
+    assert got_aliasing == want_aliasing
+    for got, want in zip(got_values, want_values):
+        torch.testing.assert_close(got, want)
+
+
+def test_compiled_views_with_dynamic_sizes_alias_as_in_eager():
+    def f(x):
+        y = x * 2
+        return y, y.view(-1), y[x.shape[0] - 1], y.reshape(x.shape[0], -1)[:, :1]
+
+    compiled = torch.compile(f, backend="tpu", dynamic=True)
+    for rows in (3, 4):
+        want_aliasing, want_values = _run_and_mutate(f, False, rows)
+        got_aliasing, got_values = _run_and_mutate(compiled, False, rows)
+        assert got_aliasing == want_aliasing
+        for got, want in zip(got_values, want_values):
+            torch.testing.assert_close(got, want)
+
+
+def test_an_input_saved_for_the_backward_is_the_input_itself():
+    """The forward returns an input it saves for the backward as that very tensor (as eager and
+    aot_eager save it), not a fresh copy: it keeps its autograd identity and needs no new storage."""
+
+    def f(x):
+        return (x.sin() * x**3).sum()
+
+    x_ref = torch.linspace(-1, 1, 5, requires_grad=True)
+    (want,) = torch.autograd.grad(f(x_ref), x_ref, create_graph=True)
+    x = x_ref.detach().to("tpu").requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        loss = torch.compile(f, backend="tpu")(x)
+    assert any(t is x for t in saved)
+    (got,) = torch.autograd.grad(loss, x, create_graph=True)
+    torch.testing.assert_close(got.detach().cpu(), want.detach())
+
+
+def test_double_backward_through_a_compiled_function_says_it_is_unsupported():
+    """aot_autograd does not support double backward; the error must say so (as with aot_eager), not
+    that the input was unused."""
+    f = torch.compile(lambda x: (x.sin() * x**3).sum(), backend="tpu")
+    x = torch.linspace(-1, 1, 5, device="tpu").requires_grad_()
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="does not currently support double backward"):
+        torch.autograd.grad(g.sum(), x)
