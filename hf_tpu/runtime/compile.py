@@ -8,7 +8,7 @@ op; an error under `HF_TPU_COMPILE_STRICT=1`).
 
 Outputs land on the device their traced value names (a `.cpu()` result or a CPU factory comes back as
 a CPU tensor, as in eager), and a graph that touches no tpu tensor runs in PyTorch on CPU, untouched.
-They alias as in eager (`_plan_outputs`): an input returned comes back as that very tensor, a view of
+They alias as in eager (`plan_outputs`): an input returned comes back as that very tensor, a view of
 another output or of an intermediate as a view of its storage, and a size as a Python number.
 
 Random ops recomputed by activation checkpointing come wrapped in `run_and_save_rng_state` (forward)
@@ -31,15 +31,35 @@ import warnings
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
-from torch._prims import rng_prims
-from torch._prims_common import is_contiguous_or_false
-from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from hf_tpu.runtime import platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
+from hf_tpu.runtime.graph_outputs import (
+    AS_VIEW,
+    FROM_ARG,
+    FROM_JIT,
+    ON_HOST,
+    evaluate_on_host,
+    output_nodes,
+    plan_outputs,
+    replay_views,
+    spec_of,
+    to_caller,
+    user_outputs,
+)
+from hf_tpu.runtime.graph_rng import (
+    GRAPHSAFE_RNG,
+    SAVE_RNG,
+    WITH_RNG,
+    eager_run_and_save_rng_state,
+    eager_run_with_rng_state,
+    key_of_state,
+    state_of_draw,
+)
 from hf_tpu.runtime.lowering_table import graph_lowering
+from hf_tpu.runtime.meta_fixes import allow_float_grouped_mm_in_fake_tensors
 from hf_tpu.runtime.storage import REGISTRY
-from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax, wrap
+from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax
 
 log = logging.getLogger("hf_tpu.compile")
 _warned: set = set()
@@ -55,40 +75,8 @@ def _keep_dynamo_out_of_the_runtime() -> None:
 
 
 _keep_dynamo_out_of_the_runtime()
+allow_float_grouped_mm_in_fake_tensors()  # installed already unless Dynamo's registry loaded first
 
-_meta_lib = None
-
-
-def _allow_float_grouped_mm_in_fake_tensors() -> None:
-    """torch's meta kernel of `_grouped_mm` copies CUDA's bf16-only check, so Dynamo's fake-tensor pass
-    rejects the float32 MoE expert matmul that CPU and tpu eager run fine (transformers picks
-    `_grouped_mm` for tpu; 63 of 64 compile failures of the 5,000-model run): compute the meta result
-    in bf16 and give it the real dtype. Installed where fake tensors look: the Python dispatcher's
-    `py_kernels`, the meta table and the Meta dispatch key."""
-    global _meta_lib
-    from torch._decomp import meta_table
-    from torch._meta_registrations import meta_grouped_mm
-
-    bf16 = torch.bfloat16
-    op = torch.ops.aten._grouped_mm.default
-
-    def meta(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
-        if mat_a.dtype == mat_b.dtype and mat_a.dtype in (torch.float32, torch.float16):
-            cast = None if bias is None else bias.to(bf16)
-            out = meta_grouped_mm(mat_a.to(bf16), mat_b.to(bf16), offs, cast, bf16)
-            return out.to(out_dtype or mat_a.dtype)
-        return meta_grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
-
-    op.py_kernels[torch._C.DispatchKey.Meta] = meta
-    meta_table[op] = meta
-    _meta_lib = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "overriding a previously registered kernel": that is the point
-        _meta_lib.impl("_grouped_mm", meta, "Meta")
-    op._dispatch_cache.clear()
-
-
-_allow_float_grouped_mm_in_fake_tensors()
 _lock = threading.Lock()
 _RECOMPILE_WARN_AT = 8
 _UNUSABLE_DONATION = "Some donated buffers were not usable"
@@ -96,12 +84,6 @@ _UNUSABLE_DONATION = "Some donated buffers were not usable"
 
 class GraphLoweringMissing(NotImplementedError):
     pass
-
-
-# activation checkpointing's RNG wrappers (aot_autograd's `functionalize_rng_ops`)
-_SAVE_RNG = rng_prims.run_and_save_rng_state
-_WITH_RNG = rng_prims.run_with_rng_state
-_GRAPHSAFE_RNG = rng_prims.graphsafe_run_with_rng_state
 
 
 def _decompositions() -> dict:
@@ -120,18 +102,8 @@ def _decompositions() -> dict:
 def _spec(node) -> tuple | None:
     val = node.meta.get("val")
     if isinstance(val, list | tuple):
-        return tuple(_spec_of(v) for v in val)
-    return _spec_of(val)
-
-
-def _spec_of(val):
-    """(shape, dtype) of a traced value; shape None when a dim is symbolic (a graph Dynamo made
-    dynamic: its size is only known per call, so only the dtype is enforced)."""
-    if isinstance(val, torch.Tensor):
-        if any(isinstance(s, torch.SymInt) for s in val.shape):
-            return (None, val.dtype)
-        return (tuple(val.shape), val.dtype)
-    return None
+        return tuple(spec_of(v) for v in val)
+    return spec_of(val)
 
 
 class GraphProgram:
@@ -147,9 +119,9 @@ class GraphProgram:
         self.donation_plan = donation_plan
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
         self.n_random = sum(1 for n in gm.graph.nodes if _draws_key(n))
-        # how each output is produced, and the nodes the jitted program returns (`_plan_outputs`)
-        self._plan, self._jit_nodes, self._jit_index, self._has_views = _plan_outputs(gm, user_outputs)
-        self._n_outputs = len(_output_nodes(gm))
+        # how each output is produced, and the nodes the jitted program returns (`plan_outputs`)
+        self._plan, self._jit_nodes, self._jit_index, self._has_views = plan_outputs(gm, user_outputs)
+        self._n_outputs = len(output_nodes(gm))
         self._jitted = None
         self._static: tuple = ()
         self._storm_warned = False
@@ -165,8 +137,8 @@ class GraphProgram:
         eager = {
             aten.view.default: aten.reshape.default,
             aten._unsafe_view.default: aten.reshape.default,
-            _SAVE_RNG: _eager_run_and_save_rng_state,
-            _WITH_RNG: _eager_run_with_rng_state,
+            SAVE_RNG: eager_run_and_save_rng_state,
+            WITH_RNG: eager_run_with_rng_state,
         }
         for node in self.gm.graph.nodes:
             if node.op == "call_function" and node.target in eager:
@@ -178,7 +150,7 @@ class GraphProgram:
         for node in self.gm.graph.nodes:
             if node.op != "call_function":
                 continue
-            if node.target is _GRAPHSAFE_RNG:
+            if node.target is GRAPHSAFE_RNG:
                 raise GraphLoweringMissing(
                     f"hf_tpu compile: graph {self.name} uses graphsafe_run_with_rng_state, which needs a "
                     "torch.Generator for the tpu device; do not register 'tpu' with "
@@ -212,12 +184,12 @@ class GraphProgram:
                 target = node.target
                 node_args = [fetch(a) for a in node.args]
                 kwargs = {k: fetch(v) for k, v in node.kwargs.items()}
-                if target is _SAVE_RNG:  # (state, op(*args)): the state replays this draw's key
+                if target is SAVE_RNG:  # (state, op(*args)): the state replays this draw's key
                     i = next(draws)
                     out = self._lower(node_args[0], node_args[1:], kwargs, rng.key_from(keys, i), node)
-                    env[node] = (_state_of_draw(keys, i), out)
-                elif target is _WITH_RNG:  # op(*args) with the key of a saved state
-                    key = _key_of_state(node_args[0])
+                    env[node] = (state_of_draw(keys, i), out)
+                elif target is WITH_RNG:  # op(*args) with the key of a saved state
+                    key = key_of_state(node_args[0])
                     env[node] = self._lower(node_args[1], node_args[2:], kwargs, key, node)
                 elif not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*node_args, **kwargs)
@@ -293,21 +265,21 @@ class GraphProgram:
 
     def _results(self, outs: tuple, args: tuple, updated: dict) -> list:
         """The graph's outputs as eager gives them, from the jitted program's results `outs` (see
-        `_plan_outputs`): first every value of its own, then the views of those values."""
+        `plan_outputs`): first every value of its own, then the views of those values."""
         results = []
         for k, (kind, a, b, c) in enumerate(self._plan):
-            if kind is _FROM_JIT:
-                results.append(updated[k] if k in updated else _output(outs[a], b, c))
-            elif kind is _FROM_ARG:
+            if kind is FROM_JIT:
+                results.append(updated[k] if k in updated else to_caller(outs[a], b, c))
+            elif kind is FROM_ARG:
                 results.append(args[a])
-            elif kind is _ON_HOST:
-                results.append(_evaluate_on_host(a, args, b))
+            elif kind is ON_HOST:
+                results.append(evaluate_on_host(a, args, b))
             else:  # a constant, or a view filled in below
                 results.append(a)
         if self._has_views:
             for k, (kind, root, steps, inputs) in enumerate(self._plan):
-                if kind is _AS_VIEW:
-                    results[k] = _replay_views(results[root], steps, args, inputs)
+                if kind is AS_VIEW:
+                    results[k] = replay_views(results[root], steps, args, inputs)
         return results[: self._n_outputs]
 
     def _donatable(self, args, arrays) -> tuple[int, ...]:
@@ -444,236 +416,6 @@ def donation_plan(gm: torch.fx.GraphModule) -> tuple[tuple[int, int], ...]:
     return tuple(plan)
 
 
-def user_outputs(gm: torch.fx.GraphModule) -> range:
-    """The indices of the forward graph's outputs its caller sees: after the new values of mutated
-    inputs, before what is saved for the backward (aot_autograd's `num_forward_returns`)."""
-    n = len(_output_nodes(gm))
-    ctx = torch._guards.TracingContext.try_get()
-    meta = getattr(ctx, "fw_metadata", None) if ctx is not None else None
-    if meta is None:
-        return range(n)
-    if getattr(meta, "tokens", None):
-        return range(0)  # effect tokens lead the outputs: leave the rest as it is
-    return range(meta.num_mutated_inp_runtime_indices, min(meta.num_forward_returns, n))
-
-
-def _belongs_on_cpu(node) -> bool:
-    """Whether graph output `node` is a CPU tensor in eager (`.cpu()`, a CPU factory, a CPU input's
-    math). A saved RNG state stays on the device although traced on CPU: only our backward reads it, and
-    fetching it would wait for the whole graph."""
-    if not isinstance(node, torch.fx.Node):
-        return False
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.device.type != "cpu":
-        return False
-    saved_state = node.target is operator.getitem and getattr(node.args[0], "target", None) is _SAVE_RNG
-    return not saved_state
-
-
-# where a value the jitted program returns goes (`_placement`): a tpu tensor, a CPU tensor, a number
-_DEVICE, _HOST, _NUMBER = "device", "host", "number"
-# how a graph output is produced (`_plan_outputs`)
-_FROM_JIT, _FROM_ARG, _ON_HOST, _AS_VIEW, _CONST = "jit", "arg", "on host", "view", "const"
-
-
-def _output_nodes(gm: torch.fx.GraphModule) -> list:
-    for node in gm.graph.nodes:
-        if node.op == "output":
-            return list(node.args[0])
-    return []
-
-
-def _plan_outputs(gm: torch.fx.GraphModule, user_outputs: range) -> tuple[list, list, dict, bool]:
-    """How `GraphProgram` produces each output as eager (and aot_eager, which runs the graph itself)
-    would: (plan, nodes the jitted program returns, graph output index -> index among those, any views).
-
-    - an input returned as is (a tensor saved for the backward, a size): that very object, so it keeps
-      its identity, storage and autograd metadata (a double backward must see the input itself);
-    - a number computable from the inputs alone (a size Dynamo made dynamic): computed on the host, a
-      Python number as aot_autograd requires, without waiting for the graph;
-    - a user output that is a view (`view`, `select`, `t`, ... of another value): replayed on the tensor
-      it views, so it shares that storage as in eager. aot_autograd regenerates outputs aliasing inputs,
-      and outputs aliasing intermediates only when they require grad: the rest is the backend's job.
-      A viewed intermediate that is no output is returned too, as a hidden result. Saved activations
-      stay compact copies (a view would keep its whole base alive and reach the backward strided);
-    - anything else: a result of the jitted program (a number among them: converted with int()/float()/
-      bool(), which waits for the graph).
-    Plan entries are (kind, a, b, c); see `GraphProgram._results`.
-    """
-    nodes = _output_nodes(gm)
-    inputs = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
-    plan: list = [None] * len(nodes)
-    jit_nodes: list = []
-    jit_index: dict = {}
-    first: dict = {}  # user output node -> its first index
-    hidden: dict = {}  # viewed intermediate -> its index in `plan` (after the outputs)
-    host: dict = {}
-    views = []
-
-    def from_jit(node):
-        jit_nodes.append(node)
-        return (_FROM_JIT, len(jit_nodes) - 1, *_placement(node))
-
-    for k, node in enumerate(nodes):
-        if not isinstance(node, torch.fx.Node):
-            plan[k] = (_CONST, node, None, None)
-        elif node.op == "placeholder":
-            plan[k] = (_FROM_ARG, inputs[node], None, None)
-        elif _number_type(node.meta.get("val")) is not None and _computable_on_host(node, host):
-            plan[k] = (_ON_HOST, node, inputs, None)
-        elif k in user_outputs and isinstance(node.meta.get("val"), torch.Tensor):
-            if node in first:  # returned twice: the same tensor twice
-                views.append((k, first[node], ()))
-                continue
-            first[node] = k
-            root, steps = _view_chain(node, host)
-            if steps:
-                views.append((k, root, steps))
-            else:
-                plan[k] = from_jit(node)
-                jit_index[k] = plan[k][1]
-        else:
-            plan[k] = from_jit(node)
-            jit_index[k] = plan[k][1]
-    updates = set(nodes[: user_outputs.start])  # new values of mutated inputs
-    for k, root, steps in views:
-        if root in updates:  # a view of a mutated input: aot_autograd makes it from the input itself
-            plan[k] = from_jit(nodes[k])
-            jit_index[k] = plan[k][1]
-            continue
-        if not isinstance(root, torch.fx.Node):
-            index = root  # an earlier output
-        elif root.op == "placeholder":
-            index = len(plan)
-            plan.append((_FROM_ARG, inputs[root], None, None))
-        elif root in first and plan[first[root]] is not None and plan[first[root]][0] is _FROM_JIT:
-            index = first[root]
-        else:
-            index = hidden.get(root)
-            if index is None:
-                index = hidden[root] = len(plan)
-                plan.append(from_jit(root))
-        plan[k] = (_AS_VIEW, index, steps, inputs)
-    return plan, jit_nodes, jit_index, bool(views)
-
-
-def _placement(node) -> tuple:
-    """(spec, place) of a value the jitted program returns: a number's Python type, or a tensor's traced
-    (shape, dtype) and whether eager has it on the device or on the host."""
-    number = _number_type(node.meta.get("val"))
-    if number is not None:
-        return number, _NUMBER
-    return _spec_of(node.meta.get("val")), (_HOST if _belongs_on_cpu(node) else _DEVICE)
-
-
-def _number_type(val):
-    """The Python type a traced number (a SymInt, SymFloat, SymBool or a plain number) comes back as."""
-    if isinstance(val, bool | torch.SymBool):
-        return bool
-    if isinstance(val, int | torch.SymInt):
-        return int
-    if isinstance(val, float | torch.SymFloat):
-        return float
-    return None
-
-
-def _computable_on_host(node, memo: dict) -> bool:
-    """Whether `node` is an input, or a number computed from inputs only (a size: `sym_size` of an
-    input, arithmetic on the graph's size inputs), so the host can compute it without the graph."""
-    known = memo.get(node)
-    if known is None:
-        if node.op == "placeholder":
-            known = True
-        else:
-            known = (
-                node.op == "call_function"
-                and _number_type(node.meta.get("val")) is not None
-                and all(_computable_on_host(n, memo) for n in node.all_input_nodes)
-            )
-        memo[node] = known
-    return known
-
-
-def _evaluate_on_host(node, args: tuple, inputs: dict):
-    """The value of a node `_computable_on_host` accepted, for this call's `args`."""
-    if node.op == "placeholder":
-        return args[inputs[node]]
-    a, kw = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _evaluate_on_host(n, args, inputs))
-    return node.target(*a, **kw)
-
-
-def _is_view_op(target) -> bool:
-    return isinstance(target, torch._ops.OpOverload) and target.is_view
-
-
-def _view_chain(node, host: dict) -> tuple:
-    """(root, steps): the value `node` is a view of and the view ops that make it from there, each
-    (op, its other arguments, kwargs), in order; no steps when `node` is no view. A `getitem` of a
-    multi-output view (`split`, `unbind`) is a step too. A view with an argument only the device knows
-    (a size computed in the graph) ends the chain: it becomes the root."""
-    steps = []
-    root = node
-    while root.op == "call_function":
-        if root.target is operator.getitem:
-            parent = root.args[0]
-            if not (isinstance(parent, torch.fx.Node) and _is_view_op(parent.target)):
-                break
-            step, base = (operator.getitem, root.args[1:], {}), parent
-        elif _is_view_op(root.target) and isinstance(root.args[0], torch.fx.Node):
-            step, base = (root.target, root.args[1:], root.kwargs), root.args[0]
-        else:
-            break
-        if not all(_computable_on_host(n, host) for n in _arg_nodes(step[1:])):
-            break
-        steps.append(step)
-        root = base
-    if steps and root.op != "placeholder" and not _laid_out_as_wrapped(root.meta.get("val")):
-        return node, []  # views planned on strides our fresh (contiguous) result would not have
-    return root, steps[::-1]
-
-
-def _laid_out_as_wrapped(val) -> bool:
-    """Whether a traced tensor has the layout of the tensor `wrap` makes of its result: contiguous, at
-    offset 0 (views replayed on it then pick the elements the graph's views picked)."""
-    if not isinstance(val, torch.Tensor):
-        return False
-    return is_contiguous_or_false(val) and guard_or_false(val.storage_offset() == 0)
-
-
-def _arg_nodes(args) -> list:
-    found: list = []
-    torch.fx.node.map_arg(args, found.append)
-    return found
-
-
-def _replay_views(base: torch.Tensor, steps: tuple, args: tuple, inputs: dict):
-    """`base` through the view ops of `_view_chain`, with this call's sizes: a view of its storage."""
-    out = base
-    for op, rest, kwargs in steps:
-        if op is operator.getitem:
-            out = out[rest[0]]
-            continue
-        rest, kwargs = torch.fx.node.map_arg((rest, kwargs), lambda n: _evaluate_on_host(n, args, inputs))
-        out = op(out, *rest, **kwargs)
-    return out
-
-
-def _output(value, spec, place):
-    """A result of the jitted program as eager has it: a tpu tensor of the traced dtype, a CPU tensor,
-    or a Python number (`spec` its type; aot_autograd requires Python sizes)."""
-    if place is _NUMBER:
-        return spec(value)
-    if not (hasattr(value, "dtype") and hasattr(value, "shape")):
-        return value
-    dtype = spec[1] if spec else None
-    if place is _DEVICE:
-        return wrap(value, dtype)
-    from hf_tpu.runtime.copy import jax_to_host
-
-    host = jax_to_host(value)
-    return host if dtype is None or host.dtype == dtype else host.to(dtype)
-
-
 def _touches_tpu(gm: torch.fx.GraphModule) -> bool:
     """Whether any value the graph reads, computes or returns is on a device other than the CPU."""
     for node in gm.graph.nodes:
@@ -688,7 +430,7 @@ def _draws_key(node) -> bool:
     the state of its draw (the replaying `run_with_rng_state` reuses a saved one)."""
     if node.op != "call_function":
         return False
-    if node.target is _SAVE_RNG:
+    if node.target is SAVE_RNG:
         return True
     if not isinstance(node.target, torch._ops.OpOverload):
         return False
@@ -698,9 +440,9 @@ def _draws_key(node) -> bool:
 
 def _wrapped_op(node):
     """What `node` computes: the ATen op inside an RNG wrapper, else its own target."""
-    if node.target is _SAVE_RNG:
+    if node.target is SAVE_RNG:
         return node.args[0]
-    if node.target is _WITH_RNG:
+    if node.target is WITH_RNG:
         return node.args[1]
     return node.target
 
@@ -708,63 +450,14 @@ def _wrapped_op(node):
 def _result_spec(node):
     """The traced (shape, dtype) of the op `node` runs. The RNG wrappers are inserted after tracing and
     carry no value of their own: read it from the getitems that unpack them."""
-    if node.target is _SAVE_RNG:  # (state, result): result is item 1
+    if node.target is SAVE_RNG:  # (state, result): result is item 1
         item = next((u for u in node.users if u.target is operator.getitem and u.args[1] == 1), None)
         return None if item is None else _spec(item)
-    if node.target is _WITH_RNG and "val" not in node.meta:
+    if node.target is WITH_RNG and "val" not in node.meta:
         n = len(node.args[1]._schema.returns)
         parts = {u.args[1]: _spec(u) for u in node.users if u.target is operator.getitem}
         return tuple(parts.get(k) for k in range(n)) if parts and n > 1 else None
     return _spec(node)
-
-
-_BYTE_SHIFTS = (0, 8, 16, 24)
-
-
-def _state_of_draw(material, index: int):
-    """The device generator's state just before draw `index` of `material`, in
-    `torch.tpu.get_rng_state()`'s format (little-endian uint64 seed, then offset): a generator set to it
-    draws that same key next, in a compiled graph (`_key_of_state`) or op by op."""
-    jnp = platform.jax().numpy
-    words = jnp.stack([material[1], material[0], material[2] + jnp.uint32(index), jnp.uint32(0)])
-    shifts = jnp.asarray(_BYTE_SHIFTS, jnp.uint32)
-    return ((words[:, None] >> shifts) & jnp.uint32(0xFF)).astype(jnp.uint8).reshape(16)
-
-
-def _key_of_state(state):
-    """The key of the next draw of a generator set to `state` (the inverse of `_state_of_draw`)."""
-    jnp = platform.jax().numpy
-    if tuple(state.shape) != (16,) or state.dtype != jnp.uint8:
-        raise RuntimeError(
-            f"hf_tpu compile: run_with_rng_state needs a tpu RNG state (16 uint8 values, as "
-            f"torch.tpu.get_rng_state() gives), got shape {tuple(state.shape)} {state.dtype}"
-        )
-    shifts = jnp.asarray(_BYTE_SHIFTS, jnp.uint32)
-    words = (state.reshape(4, 4).astype(jnp.uint32) << shifts).sum(axis=1, dtype=jnp.uint32)
-    return rng.key_from(jnp.stack([words[1], words[0], words[2]]))
-
-
-def _on_tpu(args, kwargs) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.device.type == "tpu" for a in (*args, *kwargs.values()))
-
-
-def _eager_run_and_save_rng_state(op, *args, **kwargs):
-    """`run_and_save_rng_state` op by op: the tpu generator's state, then `op`'s result."""
-    if not _on_tpu(args, kwargs):
-        return _SAVE_RNG(op, *args, **kwargs)
-    return rng.GENERATOR.get_state(), op(*args, **kwargs)
-
-
-def _eager_run_with_rng_state(state, op, *args, **kwargs):
-    """`run_with_rng_state` op by op: `op` drawing from `state`, the generator left as it was."""
-    if not _on_tpu(args, kwargs):
-        return _WITH_RNG(state, op, *args, **kwargs)
-    current = rng.GENERATOR.get_state()
-    rng.GENERATOR.set_state(state)
-    try:
-        return op(*args, **kwargs)
-    finally:
-        rng.GENERATOR.set_state(current)
 
 
 def _devicefree(v):
