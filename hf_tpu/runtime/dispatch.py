@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from hf_tpu.runtime import lazy, memory, modes, platform, rng
+from hf_tpu.runtime import arg_checks, lazy, memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
@@ -292,6 +292,8 @@ class OpKernel:
         # layout has been seen at too many offsets (`_offsets_vary`); then they are traced
         self.dynamic_offsets = False
         self.baked_offset_layouts: dict = {}
+        # the argument checks CPU makes and the meta kernel skips (arg_checks), or None
+        self.checks = arg_checks.for_op(self.functional)
 
     # -- entry point from the dispatcher --------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -367,6 +369,15 @@ class OpKernel:
             return True
         return type(v) is int and not -(1 << 31) <= v < (1 << 31)
 
+    def _check(self, fargs: list) -> None:
+        """CPU's argument checks (`arg_checks`): static ones always, value-reading ones in Debug mode."""
+        static, by_value = self.checks
+        for check in static:
+            check(*fargs)
+        if by_value and modes.launch_blocking():
+            for check in by_value:
+                check(*fargs)
+
     def _offsets_vary(self, key: tuple) -> bool:
         """Has this argument layout (`key` without its views' offsets) been built at more than
         _MAX_BAKED_OFFSETS offsets? Under DeferAndFuse an offset is a constant of the executable (a
@@ -384,6 +395,8 @@ class OpKernel:
         `donate_first`: fargs[0] is an in-place op's destination that may be updated in place (see
         `_whole_storage_in_place`): its buffer is donated unless another argument reads the same array.
         """
+        if self.checks is not None:
+            self._check(fargs)
         leaves = []
         key = []
         views = []  # per tensor argument, the View it is read through (None: its value); for _build

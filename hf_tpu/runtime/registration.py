@@ -125,11 +125,12 @@ def _freeze_heap() -> None:
 
 
 def _register_kernels() -> None:
-    from hf_tpu.runtime import dispatch, lowerings, platform, views
+    from hf_tpu.runtime import arg_checks, dispatch, lowerings, platform, views
     from hf_tpu.runtime.lowering_table import TABLE
 
     platform.jax()
     lowerings.load_all()
+    arg_checks.load_all()
     impl = torch.library.Library("aten", "IMPL")
     views.register_view_kernels(impl)
     registered = set()
