@@ -199,8 +199,11 @@ class GraphProgram:
                     env[node] = self._lower(target, node_args, kwargs, key, node)
             elif node.op == "output":
                 return tuple(env[o] for o in self._jit_nodes)
-            elif node.op == "get_attr":
-                env[node] = to_jax(getattr(self.gm, node.target))
+            elif node.op == "get_attr":  # a constant: a tpu tensor, or a CPU one (`torch.tensor([...])`)
+                value = getattr(self.gm, node.target)
+                if isinstance(value, torch.Tensor):
+                    value = _host(value) if value.device.type == "cpu" else to_jax(value)
+                env[node] = value
         raise RuntimeError("graph without output")
 
     def _lower(self, op, args: list, kwargs: dict, key, node):

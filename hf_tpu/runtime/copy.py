@@ -9,7 +9,7 @@ import torch
 
 from hf_tpu.runtime import host_copies, lazy, platform
 from hf_tpu.runtime.device_module import _check_index
-from hf_tpu.runtime.dtypes import numpy_from_torch, to_jax_dtype, torch_from_numpy
+from hf_tpu.runtime.dtypes import convert, numpy_from_torch, to_jax_dtype, torch_from_numpy
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.strided import inverse_order, memory_order
 from hf_tpu.runtime.tensor import (
@@ -60,10 +60,10 @@ def jax_to_host(a) -> torch.Tensor:
 def _convert(shape, dtype):
     jax = platform.jax()
 
-    def convert(x):
-        return jax.numpy.broadcast_to(x.astype(dtype), shape)
+    def to_dtype(x):
+        return jax.numpy.broadcast_to(convert(x, dtype), shape)
 
-    return jax.jit(convert)
+    return jax.jit(to_dtype)
 
 
 def _fit(a, shape, dtype):

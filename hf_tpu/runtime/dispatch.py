@@ -19,7 +19,7 @@ from collections.abc import Callable
 import torch
 
 from hf_tpu.runtime import arg_checks, lazy, memory, modes, platform, rng
-from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.dtypes import convert, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
 from hf_tpu.runtime.storage import REGISTRY
@@ -168,7 +168,7 @@ def _cast_like(jnp, result, spec):
     shape, dtype = spec
     jdt = to_jax_dtype(dtype)
     if result.dtype != jdt:
-        result = result.astype(jdt)
+        result = convert(result, jdt)
     if shape is not None and tuple(result.shape) != shape:
         result = jnp.broadcast_to(result, shape) if result.size != _prod(shape) else result.reshape(shape)
     return result

@@ -73,3 +73,18 @@ def torch_from_numpy(a: np.ndarray) -> torch.Tensor:
     if via is None:
         return torch.from_numpy(a)
     return torch.from_numpy(a.view(_TORCH_TO_NUMPY[via])).view(dtype)
+
+
+_FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
+_E4M3FN_MAX = 448.0
+
+
+def convert(x, dtype):
+    """Traceable `x.astype(dtype)` with PyTorch's conversion rules where XLA's differ: float8_e4m3fn has
+    no infinity, and c10 saturates finite overflow and ±inf to ±448 (NaN stays NaN) where XLA gives NaN."""
+    if dtype == _FLOAT8_E4M3FN and x.dtype != dtype and x.dtype != np.bool_:
+        import jax.numpy as jnp
+
+        if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+            x = jnp.clip(x, -_E4M3FN_MAX, _E4M3FN_MAX)
+    return x.astype(dtype)

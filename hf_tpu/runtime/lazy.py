@@ -359,8 +359,25 @@ def _note_miss_streak(hit: bool, trace: Trace) -> None:
         f"{len(trace.ops)} ops, input shapes {shapes}...). Shapes or the op sequence change every step: "
         "pad inputs to a few sizes (a StaticCache for generation, hf_tpu.compile(model, buckets=...)), "
         "or synchronize at the same point of every step (torch.tpu.synchronize()).",
-        stacklevel=3,
+        stacklevel=_user_stacklevel(),
     )
+
+
+_LIBRARY_DIRS = (
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,  # hf_tpu/
+    os.path.dirname(os.path.abspath(__import__("torch").__file__)) + os.sep,
+)
+
+
+def _user_stacklevel() -> int:
+    """The `stacklevel` that makes a warning point at the first caller outside hf_tpu and torch (the
+    user's line that needed a value), however deep the runtime's own frames are."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 def pending_ops() -> int:

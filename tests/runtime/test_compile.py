@@ -403,3 +403,18 @@ print("ok")
     root = str(Path(__file__).resolve().parents[2])
     r = subprocess.run([sys.executable, "-c", code % root], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_cpu_tensor_constants_moved_to_tpu_inside_a_compiled_function():
+    """`torch.tensor([...]).to(x.device)` in a compiled function is a CPU constant of the graph."""
+
+    def f(x):
+        y = torch.tensor([3.0, 1.0, 2.0]).to(x.device)
+        return (x + y).sort().values, torch.cat([x, torch.tensor([9.0]).to(x.device)])
+
+    torch._dynamo.reset()
+    x = torch.randn(3)
+    got = torch.compile(f, backend="tpu")(x.to("tpu"))
+    for g, w in zip(got, f(x)):
+        assert g.device.type == "tpu"
+        torch.testing.assert_close(g.cpu(), w)

@@ -254,3 +254,23 @@ def test_copies_keep_pytorchs_layout(make):
             t.transpose(1, 2).view(2, 16, 32).cpu(), x.transpose(1, 2).reshape(2, 16, 32)
         )
     assert x.to("tpu", memory_format=torch.contiguous_format).is_contiguous()
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.float64, torch.int64])
+def test_float8_conversions_saturate_as_cpu(dtype, source):
+    """float8_e4m3fn has no infinity: PyTorch saturates overflow and inf to +-448 (XLA gives NaN), through
+    every path a conversion takes (`.to`, `copy_`, an op's output, a compiled graph, DeferAndFuse)."""
+    values = [448.0, 470.0, 1000.0, -600.0, 1e6, 3.3, 1e-10, 0.0]
+    if source.is_floating_point:
+        values += [float("inf"), float("-inf"), float("nan")]
+    x = torch.tensor(values).to(source)
+    want = x.to(dtype).float()
+    t = x.to("tpu")
+    copied = torch.empty(x.shape, dtype=dtype, device="tpu")
+    copied.copy_(t)
+    compiled = torch.compile(lambda a: a.to(dtype), backend="tpu")
+    with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        deferred = t.to(dtype).float().cpu()
+    for got in (t.to(dtype), copied, compiled(t), deferred):
+        torch.testing.assert_close(got.cpu().float(), want, equal_nan=True, rtol=0, atol=0)

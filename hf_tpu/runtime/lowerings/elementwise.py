@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from hf_tpu.runtime.dtypes import convert
 from hf_tpu.runtime.lowering_table import lowers
 
 # -- type promotion helpers (shared with comparisons.py and activations.py) ------------------------
@@ -90,7 +91,9 @@ def opmath(dt) -> jnp.dtype:
 
 
 def cast(x, dt):
-    return None if x is None else lax.convert_element_type(x, dt) if not is_weak(x) else jnp.asarray(x, dt)
+    if x is None:
+        return None
+    return convert(x, jnp.dtype(dt)) if not is_weak(x) else jnp.asarray(x, dt)
 
 
 def promote(*xs):

@@ -10,7 +10,7 @@ import math
 
 import jax.numpy as jnp
 
-from hf_tpu.runtime.dtypes import to_jax_dtype
+from hf_tpu.runtime.dtypes import convert, to_jax_dtype
 from hf_tpu.runtime.lowering_table import lowers
 
 
@@ -139,18 +139,18 @@ def unfold(x, dimension, size, step):
 
 @lowers("aten::_to_copy", graph=True)
 def to_copy(x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
-    return x if dtype is None else x.astype(to_jax_dtype(dtype))
+    return x if dtype is None else convert(x, to_jax_dtype(dtype))
 
 
 @lowers("prims::convert_element_type", graph=True)
 def convert_element_type(x, dtype):
     """A cast that decompositions of graphs Dynamo made dynamic leave in (a float size factor)."""
-    return jnp.asarray(x).astype(to_jax_dtype(dtype))
+    return convert(jnp.asarray(x), to_jax_dtype(dtype))
 
 
 @lowers("aten::copy", graph=True)
 def copy(x, src, non_blocking=False):
-    return jnp.broadcast_to(src.astype(x.dtype), x.shape)
+    return jnp.broadcast_to(convert(src, x.dtype), x.shape)
 
 
 @lowers("aten::view.dtype", graph=True)
