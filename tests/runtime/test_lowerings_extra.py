@@ -331,3 +331,14 @@ def test_fused_adagrad_grad_scale_found_inf_and_tensor_lr_match_cpu_kernel():
                 torch.testing.assert_close(b.cpu(), a, rtol=1e-6, atol=1e-7)
         moved = not torch.equal(dev[0][0].cpu(), state("cpu")[0][0])
         assert moved == (found == 0.0)  # found_inf skips the step
+
+
+def test_int_mm_is_exact_int32_as_cpu():
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, (64, 48), dtype=torch.int8, generator=g)
+    b = torch.randint(-128, 128, (48, 40), dtype=torch.int8, generator=g)
+    got = torch._int_mm(a.to("tpu"), b.to("tpu"))
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), torch._int_mm(a, b))
+    compiled = torch.compile(lambda x, y: torch._int_mm(x, y), backend="tpu")
+    assert torch.equal(compiled(a.to("tpu"), b.to("tpu")).cpu(), torch._int_mm(a, b))

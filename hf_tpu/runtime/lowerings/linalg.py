@@ -69,6 +69,16 @@ def mm(x, y):
     return matmul(x, y)
 
 
+@lowers("aten::_int_mm")
+def int_mm(x, y):
+    """int8 x int8 -> int32 (quantized inference): exact, accumulated in int32 as CPU's kernel does."""
+    if x.dtype not in (jnp.int8, jnp.uint8) or y.dtype != x.dtype:
+        raise RuntimeError(
+            f"_int_mm: Expected int8 or uint8 inputs of one dtype, got {x.dtype} and {y.dtype}"
+        )
+    return jnp.matmul(x, y, preferred_element_type=jnp.int32)
+
+
 @lowers("aten::bmm")
 def bmm(x, y):
     return matmul(x, y)
