@@ -38,6 +38,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "diffusers.models.modeling_utils": ("diffusers:rebind_determine_device_map",),
     "diffusers.loaders.single_file_model": ("diffusers:rebind_determine_device_map",),
     "torch._dynamo.backends.registry": ("torch_dynamo:register_tpu_backend",),
+    "torch._dynamo.trace_rules": ("torch_dynamo:keep_out_of_the_runtime",),
 }
 
 _lock = threading.RLock()

@@ -20,11 +20,18 @@ def tpu(gm, example_inputs, **kwargs):
 
 
 def register_tpu_backend(registry: ModuleType) -> None:
-    from hf_tpu.runtime import meta_fixes
+    from hf_tpu.runtime import dynamo_prep
 
-    meta_fixes.install()  # before Dynamo fake-traces the first compiled function
+    dynamo_prep.allow_float_grouped_mm_in_fake_tensors()  # before Dynamo fake-traces the first function
     # Only while TorchDynamo has not discovered its entry-point backends yet. Once it has, the lookup
     # that is importing hf_tpu through the entry point (torch.compile before `import hf_tpu`, with
     # autoloading off) registers `tpu` itself right after, and a second registration would fail.
     if "tpu" not in registry._COMPILER_FNS and "tpu" not in registry._BACKENDS:
         registry.register_backend(compiler_fn=tpu, name="tpu")
+
+
+def keep_out_of_the_runtime(trace_rules: ModuleType) -> None:
+    """As Dynamo's trace rules load: never trace hf_tpu's runtime or JAX, whichever backend compiles."""
+    from hf_tpu.runtime import dynamo_prep
+
+    dynamo_prep.keep_dynamo_out_of_the_runtime(trace_rules)

@@ -32,7 +32,7 @@ import warnings
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from hf_tpu.runtime import platform, rng
+from hf_tpu.runtime import dynamo_prep, platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.graph_outputs import (
     AS_VIEW,
@@ -57,7 +57,6 @@ from hf_tpu.runtime.graph_rng import (
     state_of_draw,
 )
 from hf_tpu.runtime.lowering_table import graph_lowering
-from hf_tpu.runtime.meta_fixes import allow_float_grouped_mm_in_fake_tensors
 from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax
 
@@ -65,17 +64,7 @@ log = logging.getLogger("hf_tpu.compile")
 _warned: set = set()
 
 
-def _keep_dynamo_out_of_the_runtime() -> None:
-    """Dynamo must never trace our eager kernels (nor JAX): after a graph break such as `loss.backward()`
-    inside a compiled function, the autograd engine calls them while Dynamo's frame hook is active."""
-    from torch._dynamo import trace_rules
-
-    for module in ("hf_tpu.runtime", "jax", "jaxlib"):
-        trace_rules.add(module)
-
-
-_keep_dynamo_out_of_the_runtime()
-allow_float_grouped_mm_in_fake_tensors()  # installed already unless Dynamo's registry loaded first
+dynamo_prep.install()  # done already unless Dynamo's backend registry loaded before hf_tpu
 
 _lock = threading.Lock()
 _RECOMPILE_WARN_AT = 8

@@ -10,6 +10,7 @@ the table reaches the boxed fallback: torch's decompositions, then (opt-in) CPU,
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import traceback
@@ -58,6 +59,26 @@ def _without_offsets(key):
     if type(key) is tuple:
         return tuple(_without_offsets(k) for k in key)
     return key
+
+
+_set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+
+
+def outside_dynamo(kernel: Callable) -> Callable:
+    """`kernel` run with TorchDynamo's frame hook off (33 ns). Code between a compiled function's graphs
+    runs eagerly with the hook on, and Dynamo skips our runtime's and JAX's files but not the code they
+    generate: a dataclass `__init__` JAX builds (file "<string>") was traced from inside our kernel and
+    failed ("you set no_dispatch()", Qwen2-VL compiled on tpu)."""
+
+    @functools.wraps(kernel)
+    def run(*args, **kwargs):
+        prior = _set_eval_frame(None)
+        try:
+            return kernel(*args, **kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    return run
 
 
 class LoweringMissing(NotImplementedError):
@@ -297,6 +318,13 @@ class OpKernel:
 
     # -- entry point from the dispatcher --------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        prior = _set_eval_frame(None)  # see `outside_dynamo`
+        try:
+            return self._call(args, kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    def _call(self, args: tuple, kwargs: dict):
         full = self.sig.normalize(args, kwargs)
         if self.mode == "functional":
             results, spec = self.run(full, full)

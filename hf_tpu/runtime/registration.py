@@ -59,7 +59,7 @@ def register() -> None:
 
         # kernels (and JAX) load on the first op that reaches the device: `import torch` stays cheap
         fallback_lib = torch.library.Library("_", "IMPL")
-        fallback_lib.fallback(dispatch.fallback, "PrivateUse1")
+        fallback_lib.fallback(dispatch.outside_dynamo(dispatch.fallback), "PrivateUse1")
         _libs.append(fallback_lib)
         from hf_tpu.runtime import accelerator_api, autocast, module_conversion, pinned, printing, storage_api
 
@@ -135,7 +135,11 @@ def _register_kernels() -> None:
     views.register_view_kernels(impl)
     registered = set()
     for op, lowering in list(TABLE.items()):
-        kernel = lowering.fn if lowering.kind == "host" else dispatch.OpKernel(op, lowering)
+        kernel = (
+            dispatch.outside_dynamo(lowering.fn)
+            if lowering.kind == "host"
+            else dispatch.OpKernel(op, lowering)
+        )
         impl.impl(op, kernel, "PrivateUse1")
         registered.add(op)
     # derived in-place and out= variants of every lowered functional op

@@ -418,3 +418,28 @@ def test_cpu_tensor_constants_moved_to_tpu_inside_a_compiled_function():
     for g, w in zip(got, f(x)):
         assert g.device.type == "tpu"
         torch.testing.assert_close(g.cpu(), w)
+
+
+def test_code_dynamo_runs_eagerly_can_call_tpu_kernels():
+    """A graph break inside a loop makes Dynamo run the frame eagerly with its frame hook still on: our
+    kernels then run JAX code that builds dataclasses (generated `__init__`, file "<string>"), which
+    Dynamo must not trace (it failed with "you set no_dispatch()"; Qwen2-VL's rope index)."""
+
+    def f(x):
+        out = []
+        for i in range(3):
+            out.append(x[: i + 1].sum().item())
+        return torch.tensor(out, device=x.device) * 2
+
+    torch._dynamo.reset()
+    x = torch.randn(5)
+    got = torch.compile(f, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), f(x))
+
+
+def test_dynamo_skips_the_runtime_whichever_backend_compiles():
+    """Dynamo's trace rules learn to skip hf_tpu's runtime as they load, not when our backend first
+    runs: `.item()` of a tpu tensor under `aot_eager` traced into copy.py and failed."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: (x * 2).sum().item(), backend="aot_eager")
+    assert f(torch.ones(3, device="tpu")) == 6.0

@@ -1,8 +1,12 @@
-"""Meta (fake-tensor) kernels PyTorch gets wrong for tpu, fixed before TorchDynamo traces anything.
+"""What TorchDynamo must know about the tpu device before it traces anything.
 
-Dynamo fake-traces a function before it calls the backend, so these must be in place by the first
-`torch.compile` (installed when Dynamo's backend registry loads, hf_tpu.integrations.torch_dynamo), not
-when the backend module is first imported.
+Dynamo traces a function (with fake tensors) before it calls the backend, and whatever backend the user
+picked (`tpu`, `aot_eager`, ...). So this is installed as Dynamo's own modules load
+(hf_tpu.integrations.torch_dynamo: its trace rules, its backend registry), not when our backend module is
+first imported:
+- Dynamo never traces into the runtime (nor JAX): a `.item()` or `.cpu()` in compiled code, or a graph
+  break such as `loss.backward()`, reaches our eager kernels while Dynamo's frame hook is active;
+- meta (fake-tensor) kernels PyTorch gets wrong for tpu are fixed.
 """
 
 from __future__ import annotations
@@ -49,5 +53,14 @@ def allow_float_grouped_mm_in_fake_tensors() -> None:
         _meta_lib = lib
 
 
+def keep_dynamo_out_of_the_runtime(trace_rules=None) -> None:
+    """Mark hf_tpu's runtime, JAX and jaxlib as code Dynamo skips (runs as is, never traces)."""
+    if trace_rules is None:
+        from torch._dynamo import trace_rules
+    for module in ("hf_tpu.runtime", "jax", "jaxlib"):
+        trace_rules.add(module)
+
+
 def install() -> None:
+    keep_dynamo_out_of_the_runtime()
     allow_float_grouped_mm_in_fake_tensors()
