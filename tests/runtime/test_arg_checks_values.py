@@ -249,11 +249,11 @@ BAD = [
     # -- linear algebra: the _ex variants with check_errors=True, torch.cholesky, cholesky_inverse -----
     ("inv_ex_check_errors", lambda d: torch.linalg.inv_ex(_z(2, 2, d=d), check_errors=True).info,
      torch.linalg.LinAlgError, "linalg.inv_ex: The diagonal element 1 is zero",
-     _is(torch.tensor(0, dtype=torch.int32))),
+     _is(torch.tensor(1, dtype=torch.int32))),
     ("solve_ex_check_errors",
      lambda d: torch.linalg.solve_ex(_z(2, 2, d=d), torch.ones(2, device=d), check_errors=True).info,
      torch.linalg.LinAlgError, "torch.linalg.solve_ex: The solver failed because the input matrix is singular.",
-     _is(torch.tensor(0, dtype=torch.int32))),
+     _is(torch.tensor(1, dtype=torch.int32))),
     ("cholesky_ex_check_errors",
      lambda d: torch.linalg.cholesky_ex(_t([[1.0, 2], [2, 1]], d), check_errors=True).L,
      torch.linalg.LinAlgError, "linalg.cholesky_ex: The factorization could not be completed because the input "
@@ -308,7 +308,8 @@ def test_debug_mode_raises_cpus_error(fn, exc, text, strict):
 )
 @pytest.mark.parametrize("fn, exc, text, strict", _cases(BAD))
 def test_other_modes_keep_xla_semantics(fn, exc, text, strict, mode):
-    """No sync, no error: out-of-range gathers clamp, scatters drop, as on torch_xla."""
+    """No sync, no error: out-of-range gathers clamp, scatters drop, as on torch_xla; the `_ex`
+    factorizations return LAPACK's info without raising."""
     with torch.tpu.eager_mode(mode):
         result = _run(fn, "tpu")
     strict(result)
@@ -393,11 +394,12 @@ def test_debug_mode_accepts_valid_inputs_like_cpu(fn):
 
 
 def test_ex_variants_return_instead_of_raising_in_debug_mode():
-    """check_errors=False (the default) never raises, on CPU or tpu; tpu's `info` is 0 (no LAPACK)."""
+    """check_errors=False (the default) never raises, on CPU or tpu; `info` is LAPACK's, as on CPU."""
     singular = torch.zeros(2, 2)
     with torch.tpu.eager_mode(DEBUG):
         assert torch.linalg.inv_ex(singular).info == 1
-        assert torch.linalg.inv_ex(singular.to("tpu")).info.cpu() == 0
+        assert torch.linalg.inv_ex(singular.to("tpu")).info.cpu() == 1
+        assert torch.linalg.cholesky_ex(singular.to("tpu") - 1).info.cpu() == 1
         assert torch.linalg.solve_ex(singular.to("tpu"), torch.ones(2, device="tpu")).result.shape == (2,)
         assert torch.linalg.cholesky_ex(singular.to("tpu") - 1).L.shape == (2, 2)
 
@@ -464,17 +466,14 @@ def test_one_hot_out_of_range_raises_scatters_error_in_debug_mode():
             F.one_hot(_t([0, -1], "tpu"), 3)
 
 
-@pytest.mark.xfail(strict=True, reason="repeat_interleave.Tensor is a host lowering: value checks never run")
 def test_repeat_interleave_negative_repeats():
+    """Checked in every mode by the host kernel, which reads the repeats anyway."""
     _cpu_error(lambda d: torch.repeat_interleave(_t([1, -1], d)), RuntimeError, "repeats can not be negative")
     with torch.tpu.eager_mode(DEBUG):
         with pytest.raises(RuntimeError, match="repeats can not be negative"):
             torch.repeat_interleave(_t([1, -1], "tpu"))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="linalg lowerings report info=0, so ATen's _linalg_check_errors passes"
-)
 @pytest.mark.parametrize(
     "fn, text",
     [
@@ -491,7 +490,10 @@ def test_repeat_interleave_negative_repeats():
     ids=["inv", "solve", "cholesky"],
 )
 def test_linalg_singular_raises_linalg_error(fn, text):
+    """The factorizations report LAPACK's info, so ATen raises from it in every mode, as on CPU."""
     _cpu_error(fn, torch.linalg.LinAlgError, text)
     with torch.tpu.eager_mode(DEBUG):
         with pytest.raises(torch.linalg.LinAlgError, match=re.escape(text)):
             _run(fn, "tpu")
+    with pytest.raises(torch.linalg.LinAlgError, match=re.escape(text)):
+        _run(fn, "tpu")

@@ -1,5 +1,7 @@
 """Indexing and shape lowerings against CPU PyTorch: values, in-place writes through views, autograd."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -688,3 +690,23 @@ def test_embedding_bag_scale_grad_by_freq():
     out = F.embedding_bag(tpu(BAG_INDICES), w, tpu(BAG_OFFSETS), mode="sum", scale_grad_by_freq=True)
     (out * tpu(cotangent)).sum().backward()
     torch.testing.assert_close(w.grad.cpu(), ref.grad)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: torch.zeros(4, device=d)[torch.tensor([True, False, True, True, True], device=d)],
+        lambda d: torch.zeros(2, 3, device=d)[torch.ones(2, 4, dtype=torch.bool, device=d)],
+        lambda d: torch.zeros(2, 3, device=d)[:, torch.ones(2, dtype=torch.bool, device=d)],
+        lambda d: torch.zeros(2, 3, device=d).index_put_(
+            (torch.ones(3, dtype=torch.bool, device=d),), torch.tensor(1.0, device=d)
+        ),
+        lambda d: torch.repeat_interleave(torch.tensor([1, -1], device=d)),
+    ],
+)
+def test_mismatched_masks_and_negative_repeats_raise_as_cpu_in_every_mode(fn):
+    """Shape-only and already-synced checks: XLA would clamp a mismatched mask's indices silently."""
+    with pytest.raises((IndexError, RuntimeError)) as cpu:
+        fn("cpu")
+    with pytest.raises(type(cpu.value), match=re.escape(str(cpu.value))):
+        fn("tpu")

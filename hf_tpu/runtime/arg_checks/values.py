@@ -15,13 +15,13 @@ path, so valid inputs cost one host read of the index/target/probability values 
 are `torch.cholesky` and the `_ex` factorizations with check_errors=True, whose detector is CPU's
 factorization itself (run on every call in Debug mode).
 
-Not reproduced here, because those ops never reach an OpKernel with CPU's arguments:
-- `F.one_hot` out of range: CompositeImplicit, it reaches tpu as `zero_` + `scatter_`, so Debug mode raises
-  scatter's RuntimeError ("index 5 is out of bounds for dimension 1 with size 3 (aten::scatter on tpu)")
-  instead of CPU's "Class values must be smaller than num_classes." / "... must be non-negative.".
-- `repeat_interleave` with negative repeats: `repeat_interleave.Tensor` is a host lowering.
-- `torch.linalg.inv` / `solve` / `cholesky` / `lu_factor` of a singular or non-PD matrix: ATen calls the
-  `_ex` op with check_errors=False and raises from its `info`, which the linalg lowerings report as 0.
+Raised outside this module, in every mode: `repeat_interleave` with negative repeats (its host kernel
+reads the repeats anyway), mismatched boolean masks (a shape check in the indexing kernels), and
+`torch.linalg.inv` / `solve` / `cholesky` / `lu_factor` of singular or non-PD matrices (ATen raises from
+the factorization's LAPACK info, which the linalg lowerings report).
+Not reproduced: `F.one_hot` out of range is CompositeImplicit and reaches tpu as `zero_` + `scatter_`,
+so Debug mode raises scatter's RuntimeError ("index 5 is out of bounds for dimension 1 with size 3
+(aten::scatter on tpu)") instead of CPU's "Class values must be smaller than num_classes.".
 """
 
 from __future__ import annotations

@@ -279,6 +279,23 @@ def _kernel(name: str, fn, inplace_of: str | None = None):
     return kernel
 
 
+def _check_masks(x: torch.Tensor, indices) -> None:
+    """CPU's shape check of boolean masks (a mask indexes as many dims as it has, and must match them):
+    XLA would read a mismatched mask as out-of-range integer indices and clamp."""
+    dim = 0
+    for i in indices:
+        if i is not None and i.dtype in (torch.bool, torch.uint8):
+            for k, size in enumerate(i.shape):
+                if dim + k >= x.dim() or size != x.shape[dim + k]:
+                    raise IndexError(
+                        f"The shape of the mask {list(i.shape)} at index {k} does not match the shape of "
+                        f"the indexed tensor {list(x.shape)} at index {dim + k}"
+                    )
+            dim += i.dim()
+        else:
+            dim += 1
+
+
 def _needs_host_pass(indices, masks: bool) -> bool:
     for i in indices:
         if i is not None and (
@@ -290,6 +307,7 @@ def _needs_host_pass(indices, masks: bool) -> bool:
 
 @lowers("aten::index.Tensor", kind="host")
 def index(x: torch.Tensor, indices) -> torch.Tensor:
+    _check_masks(x, indices)
     if _needs_host_pass(indices, masks=True):
         indices = _device_indices(indices, expand_masks=True)
     return _kernel("aten::index.Tensor", _index)(x, indices)
@@ -297,6 +315,7 @@ def index(x: torch.Tensor, indices) -> torch.Tensor:
 
 @lowers("aten::index_put_", kind="host")
 def index_put_(x: torch.Tensor, indices, values, accumulate: bool = False) -> torch.Tensor:
+    _check_masks(x, indices)
     if _needs_host_pass(indices, masks=False):
         indices = _device_indices(indices, expand_masks=False)
     return _kernel("aten::index_put_", index_put, inplace_of="aten::index_put")(
@@ -306,6 +325,7 @@ def index_put_(x: torch.Tensor, indices, values, accumulate: bool = False) -> to
 
 @lowers("aten::_index_put_impl_", kind="host")
 def _index_put_impl_(x, indices, values, accumulate=False, unsafe=False) -> torch.Tensor:
+    _check_masks(x, indices)
     if _needs_host_pass(indices, masks=False):
         indices = _device_indices(indices, expand_masks=False)
     return _kernel("aten::_index_put_impl_", _index_put_impl, inplace_of="aten::_index_put_impl")(
@@ -652,5 +672,10 @@ def _repeat_interleave_jit(total: int):
 @lowers("aten::repeat_interleave.Tensor", kind="host")
 def repeat_interleave(repeats: torch.Tensor, *, output_size=None) -> torch.Tensor:
     r = to_jax(repeats).reshape(-1)
-    total = int(output_size) if output_size is not None else int(jnp.sum(r))
+    if output_size is None:  # this sync reads the repeats anyway: check them as CPU does
+        if r.size and int(jnp.min(r)) < 0:
+            raise RuntimeError("repeats can not be negative")
+        total = int(jnp.sum(r))
+    else:
+        total = int(output_size)
     return wrap(_repeat_interleave_jit(total)(r), repeats.dtype)

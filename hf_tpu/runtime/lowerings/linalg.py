@@ -222,21 +222,54 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
 
 
 # -- dense linear algebra (cheap, batched, float32/float64) -----------------------------------------
-def _info(a):
-    """LAPACK-style status: 0 everywhere (non-finite results signal failures instead)."""
-    return jnp.zeros(a.shape[:-2], jnp.int32)
+def _lu_info(lu):
+    """getrf's info: the 1-based position of U's first exactly-zero diagonal element (a singular
+    matrix), else 0. `torch.linalg.inv`/`solve`/`lu_factor` raise from it, as on CPU and CUDA."""
+    zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
+    return jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
 
 
 @lowers("aten::linalg_inv_ex")
 def linalg_inv_ex(a, check_errors=False):
-    return jnp.linalg.inv(a), _info(a)
+    lu, piv = _lu_factor(a)
+    eye = jnp.broadcast_to(jnp.eye(a.shape[-1], dtype=a.dtype), a.shape)
+    return jsl.lu_solve((lu, piv - 1), eye), _lu_info(lu)
+
+
+def _cholesky_info(a, lower):
+    """potrf's info: the order of the first leading minor that is not positive-definite, else 0. XLA's
+    Cholesky fills a failed factor with NaN, so the order is found (only then) by an unblocked
+    elimination of the diagonal, as LAPACK's."""
+    failed = ~jnp.all(jnp.isfinite(jnp.diagonal(lower, axis1=-2, axis2=-1)), axis=-1)
+
+    def first_failure(m):
+        n = m.shape[-1]
+
+        def step(k, state):
+            low, info = state
+            d = jnp.real(m[k, k]) - jnp.sum(jnp.abs(low[k]) ** 2)
+            bad = (info == 0) & ~(d > 0)
+            info = jnp.where(bad, k + 1, info)
+            root = jnp.sqrt(jnp.where(d > 0, d, 1.0))
+            col = (m[:, k] - low @ jnp.conj(low[k])) / root
+            col = jnp.where(jnp.arange(n) > k, col, 0).at[k].set(root)
+            return low.at[:, k].set(col.astype(low.dtype)), info
+
+        return jax.lax.fori_loop(0, n, step, (jnp.zeros_like(m), jnp.int32(0)))[1]
+
+    flat = a.reshape((-1,) + a.shape[-2:])
+    infos = jax.lax.map(
+        lambda m_f: jax.lax.cond(m_f[1], first_failure, lambda m: jnp.int32(0), m_f[0]),
+        (flat, failed.reshape(-1)),
+    )
+    return infos.reshape(a.shape[:-2])
 
 
 @lowers("aten::linalg_cholesky_ex")
 def linalg_cholesky_ex(a, upper=False, check_errors=False):
     lower = jnp.linalg.cholesky(a)
     factor = jnp.conj(jnp.swapaxes(lower, -1, -2)) if upper else lower
-    return factor, _info(a)
+    return factor, _cholesky_info(a, lower)
 
 
 def _lu_factor(a):
@@ -250,7 +283,7 @@ def linalg_lu_factor_ex(a, pivot=True, check_errors=False):
     if not pivot:
         raise RuntimeError("linalg.lu_factor: LU without pivoting is not supported on tpu")
     lu, piv = _lu_factor(a)
-    return lu, piv, _info(a)
+    return lu, piv, _lu_info(lu)
 
 
 @lowers("aten::linalg_lu_solve")
@@ -296,7 +329,7 @@ def _linalg_solve_ex(a, b, left=True, check_errors=False):
     vector = b.ndim == a.ndim - 1  # B is a (batch of) vector(s)
     rhs = b[..., None] if vector else b
     x = linalg_lu_solve(lu, piv, rhs, left=left)
-    return (x[..., 0] if vector else x), lu, piv, _info(a)
+    return (x[..., 0] if vector else x), lu, piv, _lu_info(lu)
 
 
 @lowers("aten::linalg_solve_triangular")
