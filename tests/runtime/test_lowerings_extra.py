@@ -342,3 +342,15 @@ def test_int_mm_is_exact_int32_as_cpu():
     assert torch.equal(got.cpu(), torch._int_mm(a, b))
     compiled = torch.compile(lambda x, y: torch._int_mm(x, y), backend="tpu")
     assert torch.equal(compiled(a.to("tpu"), b.to("tpu")).cpu(), torch._int_mm(a, b))
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (2, 0, 0), (0, 3, 3)])
+def test_factorizations_of_empty_matrices(shape):
+    a = torch.eye(shape[-1]).expand(shape).clone()
+    for fn in (
+        torch.linalg.inv,
+        torch.linalg.cholesky,
+        lambda m: torch.linalg.lu_factor(m)[0],
+        lambda m: torch.linalg.solve(m, torch.ones(m.shape[:-1], device=m.device)),
+    ):
+        torch.testing.assert_close(fn(a.to("tpu")).cpu(), fn(a))

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import torch
 from torch.nn.attention import SDPBackend
 
-from hf_tpu.runtime import lazy, platform, rng
+from hf_tpu.runtime import arg_checks, lazy, platform, rng
 from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.linalg import operands, precision
 from hf_tpu.runtime.strided import inverse_order, memory_order
@@ -290,6 +290,10 @@ def scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
     """The tpu kernel of `F.scaled_dot_product_attention`: one fused op (with autograd) instead of ~12."""
+    checks = arg_checks.for_op(torch.ops.aten.scaled_dot_product_attention.default)
+    if checks is not None:  # a host kernel: CPU's argument checks run here, not in an OpKernel
+        for check in checks[0]:
+            check(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     if is_causal and attn_mask is not None:
         raise RuntimeError(
             "_scaled_dot_product_attention: Explicit attn_mask should not be set when is_causal=True"

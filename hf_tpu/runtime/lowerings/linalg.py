@@ -225,6 +225,8 @@ def _grouped_mm(self, mat2, offs=None, bias=None, out_dtype=None):
 def _lu_info(lu):
     """getrf's info: the 1-based position of U's first exactly-zero diagonal element (a singular
     matrix), else 0. `torch.linalg.inv`/`solve`/`lu_factor` raise from it, as on CPU and CUDA."""
+    if lu.shape[-1] == 0:
+        return jnp.zeros(lu.shape[:-2], jnp.int32)
     zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
     return jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
 
@@ -240,6 +242,8 @@ def _cholesky_info(a, lower):
     """potrf's info: the order of the first leading minor that is not positive-definite, else 0. XLA's
     Cholesky fills a failed factor with NaN, so the order is found (only then) by an unblocked
     elimination of the diagonal, as LAPACK's."""
+    if a.shape[-1] == 0 or a.size == 0:
+        return jnp.zeros(a.shape[:-2], jnp.int32)
     failed = ~jnp.all(jnp.isfinite(jnp.diagonal(lower, axis1=-2, axis2=-1)), axis=-1)
 
     def first_failure(m):
