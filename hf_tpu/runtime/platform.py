@@ -6,6 +6,7 @@ The autoload hook runs at every `import torch`, so nothing here touches JAX unti
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from functools import cache
@@ -59,7 +60,16 @@ def compilation_cache_dir() -> str | None:
     if setting:
         return os.path.expanduser(setting)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "hf_tpu", "xla")
+    return os.path.join(base, "hf_tpu", "xla" + _host_devices_suffix())
+
+
+def _host_devices_suffix() -> str:
+    """A separate folder per forced host-device count: JAX leaves
+    `--xla_force_host_platform_device_count` out of its cache key, so a process with 8 host devices
+    would load executables a 1-device process compiled (a serial test run that shared its cache with
+    1-device benchmarks crashed in JAX's cache read)."""
+    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return f"-host{match.group(1)}" if match and match.group(1) != "1" else ""
 
 
 def configure_compilation_cache(j) -> None:

@@ -72,9 +72,13 @@ def test_cache_can_be_turned_off(tmp_path):
 
 
 def test_default_folder_follows_xdg_and_a_jax_setting_wins(tmp_path):
-    out = _run({"HF_TPU_COMPILATION_CACHE": "", "XDG_CACHE_HOME": str(tmp_path)})
+    out = _run({"HF_TPU_COMPILATION_CACHE": "", "XDG_CACHE_HOME": str(tmp_path), "XLA_FLAGS": ""})
     assert out["dir"] == str(tmp_path / "hf_tpu" / "xla")
     assert any((tmp_path / "hf_tpu" / "xla").iterdir())
+    # JAX leaves the forced host-device count out of its cache key: each count gets its own folder
+    flags = "--xla_force_host_platform_device_count=8"
+    out = _run({"HF_TPU_COMPILATION_CACHE": "", "XDG_CACHE_HOME": str(tmp_path), "XLA_FLAGS": flags})
+    assert out["dir"] == str(tmp_path / "hf_tpu" / "xla-host8")
 
     mine = tmp_path / "mine"
     out = _run({"HF_TPU_COMPILATION_CACHE": "", "JAX_COMPILATION_CACHE_DIR": str(mine)})
