@@ -32,7 +32,7 @@ import warnings
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from hf_tpu.runtime import dynamo_prep, platform, rng
+from hf_tpu.runtime import dynamo_prep, executables, platform, rng
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.graph_outputs import (
     AS_VIEW,
@@ -211,6 +211,7 @@ class GraphProgram:
     def __call__(self, *args):
         if self.missing:
             return self.gm(*args)  # tpu eager, op by op
+        executables.collect_if_due()  # a safe point: no JAX call under way
         jax = platform.jax()
         if self._jitted is None:
             # non-tensor inputs (the sizes of a graph Dynamo made dynamic) are static: lowerings need

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from hf_tpu.runtime import arg_checks, lazy, memory, modes, platform, rng
+from hf_tpu.runtime import arg_checks, executables, lazy, memory, modes, platform, rng
 from hf_tpu.runtime.dtypes import convert, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lazy import LazyValue
 from hf_tpu.runtime.lowering_table import TABLE, Lowering
@@ -487,6 +487,7 @@ class OpKernel:
         key = tuple(key)
         entry = self.cache.get(key)
         if entry is None:
+            executables.collect_if_due()  # a safe point: no JAX call under way
             if bake and self._offsets_vary(key):
                 self.dynamic_offsets = True
             entry = self._build(fargs, full, views, dynamic)

@@ -19,7 +19,7 @@ import threading
 import time
 import warnings
 
-from hf_tpu.runtime import platform
+from hf_tpu.runtime import executables, platform
 
 log = logging.getLogger("hf_tpu.lazy")
 if os.environ.get("HF_TPU_LOG"):
@@ -312,6 +312,7 @@ def flush(reason: str = "explicit") -> None:
         # for tiny T5's 53 inputs)
         key = (tuple((id(fn), refs, is_tuple) for fn, refs, is_tuple in trace.ops), outputs)
         program = _program_cache.pop(key, None)
+        executables.collect_if_due()  # a safe point: no JAX call under way
         t0 = time.perf_counter()
         if program is None:
             jax = platform.jax()

@@ -41,6 +41,9 @@ def jax():
 
         _jax.config.update("jax_enable_x64", True)
         configure_compilation_cache(_jax)
+        from hf_tpu.runtime import executables
+
+        executables.install(_jax)
         return _jax
 
 
