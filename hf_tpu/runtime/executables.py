@@ -88,6 +88,17 @@ def collect_if_due() -> None:
         _collect()
 
 
+def unload_if_over(fraction: float = 0.5) -> bool:
+    """Unload the compiled executables now when the mappings passed `fraction` of the budget (a caller
+    at a quiet point: a test runner between modules, a server between requests). True when it did."""
+    count, budget = map_count(), map_budget()
+    if count is None or budget is None or count <= budget * fraction:
+        return False
+    _due[0] = True
+    _collect()
+    return not _due[0]
+
+
 def _collect() -> None:
     from hf_tpu.runtime import platform
     from hf_tpu.runtime.tensor import one_device_thread

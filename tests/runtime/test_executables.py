@@ -34,3 +34,15 @@ def test_a_bad_budget_names_the_variable(monkeypatch):
     monkeypatch.setenv("HF_TPU_MAP_BUDGET", "lots")
     with pytest.raises(ValueError, match="HF_TPU_MAP_BUDGET"):
         executables.map_budget()
+
+
+def test_unload_if_over_unloads_only_past_its_fraction(monkeypatch):
+    torch.ones(2, device="tpu").add_(1)
+    monkeypatch.setenv("HF_TPU_MAP_BUDGET", str(10 * executables.map_count()))
+    assert not executables.unload_if_over(0.5)  # far under the budget: nothing unloaded
+    clears = executables.stats["clears"]
+    monkeypatch.setenv("HF_TPU_MAP_BUDGET", str(executables.map_count() // 2))
+    assert executables.unload_if_over(0.5)
+    assert executables.stats["clears"] == clears + 1
+    x = torch.arange(4, device="tpu", dtype=torch.float32)
+    assert torch.equal(x.add(1).cpu(), torch.arange(4, dtype=torch.float32).add(1))

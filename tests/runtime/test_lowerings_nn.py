@@ -581,6 +581,14 @@ def test_sdpa_gqa_and_bf16(fused_calls):
     assert len(fused_calls) == 3
 
 
+@pytest.mark.parametrize("shape", [(5, 8), (2, 2, 3, 5, 8)])
+def test_sdpa_of_other_ranks_takes_the_math_path_like_cpu(shape, fused_calls):
+    q, k, v = (randn(*shape, seed=s) for s in (1, 2, 3))
+    check(F.scaled_dot_product_attention, q, k, v, is_causal=True)
+    assert fused_calls == []  # the fused kernel's schema is 3-D or 4-D only
+    assert torch.ops.aten._fused_sdp_choice(*_tpu((q, k, v))) == int(SDPBackend.MATH)
+
+
 def test_sdpa_errors_like_pytorch():
     q, k, v = _tpu(_qkv(heads_kv=2))
     with pytest.raises(RuntimeError, match="enable_gqa"):

@@ -177,6 +177,9 @@ def _output_layout(shape: tuple, stride: tuple) -> tuple | None:
 def _fused_sdp_choice(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
 ):
+    # the fused kernel's schema takes (B, S, D) or (B, H, S, D); other ranks take the math path, as on CPU
+    if query.dim() not in (3, 4):
+        return int(SDPBackend.MATH)
     return int(SDPBackend.OVERRIDEABLE)
 
 
@@ -300,6 +303,13 @@ def scaled_dot_product_attention(
         )
     if not 0.0 <= dropout_p <= 1.0:
         raise RuntimeError(f"scaled_dot_product_attention: dropout_p must be in [0, 1], got {dropout_p}")
+    if query.dim() not in (
+        3,
+        4,
+    ):  # the fused kernel's schema takes (B, S, D) or (B, H, S, D): CPU's math path
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )[0]
     _check_heads(query, key, value, enable_gqa)
     out = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
         query, key, value, attn_mask, dropout_p, is_causal, False, scale=scale
