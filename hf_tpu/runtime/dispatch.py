@@ -81,6 +81,28 @@ def outside_dynamo(kernel: Callable) -> Callable:
     return run
 
 
+def host_kernel(op, fn: Callable) -> Callable:
+    """The PrivateUse1 kernel of host-kind lowering `fn` of `op`: outside Dynamo, and running CPU's
+    argument checks (`arg_checks`) first when `op` has any, as `OpKernel` does for the others."""
+    entry = arg_checks.for_op(op)
+    if entry is None:
+        return outside_dynamo(fn)
+    sig = _Signature(op)
+    static, by_value = entry
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        full = sig.normalize(args, kwargs)
+        for check in static:
+            check(*full)
+        if by_value and modes.launch_blocking():
+            for check in by_value:
+                check(*full)
+        return fn(*args, **kwargs)
+
+    return outside_dynamo(checked)
+
+
 class LoweringMissing(NotImplementedError):
     pass
 
@@ -717,7 +739,7 @@ def _fallback_handler(op):
         return kernel
     lowering = TABLE.get(op)
     if lowering is not None:
-        return lowering.fn if lowering.kind == "host" else OpKernel(op, lowering)
+        return host_kernel(op, lowering.fn) if lowering.kind == "host" else OpKernel(op, lowering)
     decomp = _decomposition(op)
     if decomp is not None:
 

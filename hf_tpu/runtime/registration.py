@@ -136,7 +136,7 @@ def _register_kernels() -> None:
     registered = set()
     for op, lowering in list(TABLE.items()):
         kernel = (
-            dispatch.outside_dynamo(lowering.fn)
+            dispatch.host_kernel(op, lowering.fn)
             if lowering.kind == "host"
             else dispatch.OpKernel(op, lowering)
         )

@@ -629,3 +629,51 @@ def test_sdpa_check_accepts_what_cpu_accepts(case):
 def test_sdpa_raises_like_cpu(case):
     q, k, v, mask = SDPA[case]
     assert_same_error(lambda d: F.scaled_dot_product_attention(*on(d, q, k, v, mask)))
+
+
+# -- batch norm: host kernels run the checks too (dispatch.host_kernel) ----------------------------------
+def _bn(x_dtype, affine_dtype, stats_dtype, training):
+    def run(d):
+        x = t(4, 3, 5, dtype=x_dtype).to(d)
+        w, b = (t(3, dtype=affine_dtype, seed=s).to(d) for s in (1, 2)) if affine_dtype else (None, None)
+        stats = (
+            (torch.zeros(3, dtype=stats_dtype), torch.ones(3, dtype=stats_dtype))
+            if stats_dtype
+            else (None,) * 2
+        )
+        return F.batch_norm(x, *on(d, *stats), weight=w, bias=b, training=training)
+
+    return run
+
+
+BN_ERRORS = {
+    "int64 input": _bn(i64, None, None, True),
+    "bool input": _bn(b8, None, None, True),
+    "f32 input, bf16 weight": _bn(f32, bf16, None, True),
+    "f32 input, f64 weight and stats, eval": _bn(f32, f64, f64, False),
+    "f64 input, f32 weight": _bn(f64, f32, None, True),
+    "f64 input, f32 weight and stats": _bn(f64, f32, f32, True),
+    "bf16 input, f16 weight": _bn(bf16, f16, None, True),
+    "f32 input and weight, f64 stats": _bn(f32, f32, f64, True),
+    "bf16 input and weight, f32 stats, eval": _bn(bf16, bf16, f32, False),
+    "instance_norm int64": lambda d: F.instance_norm(t(4, 3, 5, dtype=i64).to(d)),
+    "instance_norm f32 input, bf16 weight": lambda d: F.instance_norm(
+        t(4, 3, 5).to(d), weight=t(3, dtype=bf16).to(d)
+    ),
+}
+BN_VALID = {
+    "bf16 input, f32 weight and stats": _bn(bf16, f32, f32, True),
+    "f16 input, f32 weight, eval": _bn(f16, f32, f32, False),
+    "f64 throughout": _bn(f64, f64, f64, True),
+    "f32 no affine": _bn(f32, None, f32, False),
+}
+
+
+@pytest.mark.parametrize("case", BN_ERRORS, ids=list(BN_ERRORS))
+def test_batch_norm_dtypes_raise_like_cpu(case):
+    assert_same_error(BN_ERRORS[case])
+
+
+@pytest.mark.parametrize("case", BN_VALID, ids=list(BN_VALID))
+def test_batch_norm_mixed_precision_cpu_allows_matches_cpu(case):
+    assert_same_result(BN_VALID[case])

@@ -626,3 +626,42 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq, mode, sparse, p
             f"'per_sample_weights'; but type {tensor_type_name(weight.dtype)} does not equal "
             f"{tensor_type_name(per_sample_weights.dtype)} (while checking arguments for embedding_bag)"
         )
+
+
+# -- batch norm: CPU's kernel is floating-only, and its parameters' dtypes must match the input's ------
+def _batch_norm_dtypes(input, weight, bias, running_mean=None, running_var=None) -> None:
+    """CPU's `batch_norm_cpu` checks: a floating input, and weight/bias/running stats of the input's dtype
+    (or all float32 for a bfloat16/float16 input, the one mixed case its kernel has). The message depends
+    on which argument differs, as CPU's does."""
+    if input.dtype not in FLOATING:
+        raise not_implemented("batch_norm", input.dtype)
+    affine = [p for p in (weight, bias) if isinstance(p, torch.Tensor)]
+    stats = [p for p in (running_mean, running_var) if isinstance(p, torch.Tensor)]
+    defined = affine + stats
+    if all(p.dtype == input.dtype for p in defined):
+        return
+    if input.dtype in _REDUCED_FLOATING and all(p.dtype == torch.float32 for p in defined):
+        return
+    if all(p.dtype == input.dtype for p in affine):  # only a running stat differs: read as the input's
+        found = next(p.dtype for p in stats if p.dtype != input.dtype)
+        raise expected_scalar_type(input.dtype, found)
+    if all(p.dtype == torch.float32 for p in defined):  # a float64 input with float32 parameters
+        raise RuntimeError("mixed dtype (CPU): all inputs must share same datatype.")
+    raise RuntimeError("mixed dtype (CPU): expect parameter to have scalar type of Float")
+
+
+@checks(
+    "aten::native_batch_norm",
+    "aten::_native_batch_norm_legit",
+    "aten::_native_batch_norm_legit_functional",
+    "aten::_native_batch_norm_legit_no_training",
+    "aten::_batch_norm_with_update",
+    "aten::_batch_norm_no_update",
+)
+def _batch_norm(input, weight, bias, running_mean, running_var, *_):
+    _batch_norm_dtypes(input, weight, bias, running_mean, running_var)
+
+
+@checks("aten::_native_batch_norm_legit.no_stats")
+def _batch_norm_no_stats(input, weight, bias, *_):
+    _batch_norm_dtypes(input, weight, bias)
