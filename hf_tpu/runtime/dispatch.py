@@ -88,19 +88,24 @@ def host_kernel(op, fn: Callable) -> Callable:
     if entry is None:
         return outside_dynamo(fn)
     sig = _Signature(op)
-    static, by_value = entry
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
-        full = sig.normalize(args, kwargs)
-        for check in static:
-            check(*full)
-        if by_value and modes.launch_blocking():
-            for check in by_value:
-                check(*full)
+        run_checks(entry, sig.normalize(args, kwargs))
         return fn(*args, **kwargs)
 
     return outside_dynamo(checked)
+
+
+def run_checks(entry: tuple, fargs: list) -> None:
+    """CPU's argument checks of one op (`arg_checks.for_op`) on its arguments in schema order: static
+    ones always, value-reading ones in Debug mode only (they need a sync)."""
+    static, by_value = entry
+    for check in static:
+        check(*fargs)
+    if by_value and modes.launch_blocking():
+        for check in by_value:
+            check(*fargs)
 
 
 class LoweringMissing(NotImplementedError):
@@ -419,15 +424,6 @@ class OpKernel:
             return True
         return type(v) is int and not -(1 << 31) <= v < (1 << 31)
 
-    def _check(self, fargs: list) -> None:
-        """CPU's argument checks (`arg_checks`): static ones always, value-reading ones in Debug mode."""
-        static, by_value = self.checks
-        for check in static:
-            check(*fargs)
-        if by_value and modes.launch_blocking():
-            for check in by_value:
-                check(*fargs)
-
     def _offsets_vary(self, key: tuple) -> bool:
         """Has this argument layout (`key` without its views' offsets) been built at more than
         _MAX_BAKED_OFFSETS offsets? Under DeferAndFuse an offset is a constant of the executable (a
@@ -446,7 +442,7 @@ class OpKernel:
         `_whole_storage_in_place`): its buffer is donated unless another argument reads the same array.
         """
         if self.checks is not None:
-            self._check(fargs)
+            run_checks(self.checks, fargs)
         leaves = []
         key = []
         views = []  # per tensor argument, the View it is read through (None: its value); for _build
