@@ -214,7 +214,10 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
             kwargs["image_sizes"] = torch.tensor([[h, w]] * batch)
     if "audio" in parts:
         try:
-            kwargs.update(_audio_inputs(cfg, params, gen, batch, plan))
+            audio = _audio_inputs(cfg, params, gen, batch, plan)
+            if "input_ids" in kwargs:  # with text, attention_mask is the text's (CLAP, audio LLMs)
+                audio.pop("attention_mask", None)
+            kwargs.update(audio)
         except InputError:
             if not parts & {"text", "image"}:
                 raise
@@ -230,6 +233,15 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
             if vocab:
                 avoid = special_token_ids(cfg)
                 kwargs["decoder_input_ids"] = random_ids(gen, (batch, DEC_LEN), vocab, avoid)
+    if "decoder_input_values" in params and "decoder_input_values" not in kwargs:
+        # speech decoders (SpeechT5 text-to-speech, speech-to-speech) take mel frames, not token ids: the
+        # forward runs its decoder only on these (or on labels), so without them it feeds it None
+        mel = _get(cfg, "num_mel_bins")
+        if mel:
+            kwargs["decoder_input_values"] = torch.randn(batch, DEC_LEN, mel, generator=gen)
+    if "speaker_embeddings" in params and _get(cfg, "speaker_embedding_dim"):
+        # x-vectors that condition the speech decoder (always given in real use)
+        kwargs["speaker_embeddings"] = torch.randn(batch, cfg.speaker_embedding_dim, generator=gen)
     if "bbox" in params and "input_ids" in kwargs:
         s = kwargs["input_ids"].shape
         lo = torch.randint(0, 500, (*s, 2), generator=gen)
@@ -375,6 +387,17 @@ def _audio_inputs(cfg: Any, params, gen: torch.Generator, batch: int, plan: Plan
     if "input_features" in params:
         mel = _get(acfg, "num_mel_bins")
         src = _get(acfg, "max_source_positions")
+        spec = _get(acfg, "spec_size")
+        if mel and isinstance(spec, int) and spec >= mel:
+            # HTSAT (CLAP): (batch, crops, frames, mel) mel crops that the model folds into a spec_size x
+            # spec_size image; fusion configs take the global crop plus 3 local ones, is_longer says
+            # which clips have them (one clip of each kind)
+            crops = 4 if _get(acfg, "enable_fusion") else 1
+            frames = spec * (spec // mel)
+            out = {"input_features": torch.randn(batch, crops, frames, mel, generator=gen)}
+            if "is_longer" in params:
+                out["is_longer"] = (torch.arange(batch) % 2 == 0).unsqueeze(1)
+            return out
         if mel and src:  # whisper layout: (batch, mel, 2 * max_source_positions)
             out = {"input_features": torch.randn(batch, mel, 2 * src, generator=gen)}
             for mask in ("feature_attention_mask", "input_features_mask"):

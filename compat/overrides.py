@@ -60,6 +60,10 @@ OVERRIDES: dict[str, Override] = {
     # Its config-class defaults pair a 3584-wide vision merger with an 8192-wide text model (real
     # checkpoints agree); tie the merger output to the shrunk text width (2 heads x 128).
     "qwen2_5_vl": Override(config={"vision_config.out_hidden_size": 256}),
+    # SpeechT5's speech-decoder prenet applies dropout in eval mode too (a fresh torch.bernoulli mask per
+    # forward, Tacotron 2 §2.2): two CPU runs never agree, nor could a device. With p=0 it is deterministic
+    # (its mask then drops every unit, so the decoder sees the prenet's bias; every layer still runs).
+    "speecht5": Override(config={"speech_decoder_prenet_dropout": 0.0}),
     # Probabilistic forecasters: the default config leaves prediction/context lengths unset.
     "time_series_transformer": Override(config={"prediction_length": 4, "context_length": 8}),
     "informer": Override(config={"prediction_length": 4, "context_length": 8}),

@@ -99,7 +99,10 @@ WIDTH_LIKE_KEYS = (
     "pooler_output_size",
     "adapter_out_dim",
     "projection_size",
+    "pooler_hidden_size",  # DeBERTa's ContextPooler: a square dense over the hidden state
 )
+# The first-stage width of hierarchical (Swin-style) models, which doubles at every stage.
+STEM_WIDTH_KEYS = ("embed_dim", "patch_embeds_hidden_size")
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 TOP_K_KEYS = ("num_experts_per_tok", "moe_topk", "moe_k", "num_selected_experts", "top_k_experts")
 SHARED_EXPERT_KEYS = ("n_shared_experts", "num_shared_experts", "moe_num_shared_experts")
@@ -116,6 +119,11 @@ LAYER_INDEX_KEYS = (
     "no_rope_layer_indices",
     "sliding_window_layers",
 )
+# Lists of layer indices whose hidden states each feed a module of their own (DPT's reassemble stage has
+# one per index, sized by neck_hidden_sizes): every named layer is kept, so the count of features stays.
+FEATURE_LAYER_KEYS = ("backbone_out_indices",)
+# Keyed by class index, not layer index (they look alike: {0: "LABEL_0", 1: "LABEL_1"}).
+LABEL_KEYS = ("id2label", "label2id")
 # Derived by the config class from the layer/stage counts: drop them and let it recompute.
 DERIVED_KEYS = ("stage_names", "out_features", "out_indices", "transformers_version", "_name_or_path")
 DROP_KEYS = ("quantization_config", "_commit_hash", "auto_map", "_attn_implementation_autoset")
@@ -245,18 +253,20 @@ def _shrink_level(d: dict[str, Any], ctx: _Ctx, path: str, plan: _WidthPlan) -> 
 
 def _shrink_layers(d: dict[str, Any], where: str) -> None:
     chosen: dict[int, list[int]] = {}
+    counts = [d[k] for k in LAYER_KEYS if _int(d.get(k)) and d[k] > MAX_LAYERS]
     for key in LAYER_KEYS:
         n = d.get(key)
         if not _int(n) or n <= MAX_LAYERS:
             continue
         if n not in chosen:
-            chosen[n] = _choose_layers(d, n)
+            chosen[n] = _choose_layers(d, n, _feature_layers(d, n) if n == max(counts) else set())
         d[key] = len(chosen[n])
     for n, idx in chosen.items():
         for key, value in list(d.items()):
             if _per_layer(key, value, n):
                 d[key] = "".join(value[i] for i in idx) if isinstance(value, str) else [value[i] for i in idx]
-            elif _layer_dict(value, n):  # {"05": {...}}: overrides keyed by layer index (gemma4)
+            elif _layer_dict(value, n) and key not in LABEL_KEYS:
+                # {"05": {...}}: overrides keyed by layer index (gemma4)
                 d[key] = {
                     (str(idx.index(int(k))) if isinstance(k, str) else idx.index(k)): v
                     for k, v in value.items()
@@ -269,6 +279,10 @@ def _shrink_layers(d: dict[str, Any], where: str) -> None:
             if isinstance(v, list) and all(_int(i) for i in v):
                 kept = [idx.index(i) for i in v if i in idx]
                 d[key] = kept or [len(idx) - 1]
+        for key in FEATURE_LAYER_KEYS:
+            v = d.get(key)
+            if isinstance(v, list) and v and all(_int(i) and -n_old <= i < n_old for i in v):
+                d[key] = [idx.index(i % n_old) for i in v]  # every named layer was kept
         if _int(d.get("first_k_dense_replace")) and d["first_k_dense_replace"] > 0:
             d["first_k_dense_replace"] = 1
         for key in ("vision_feature_layer", "select_layer", "feature_layer"):
@@ -304,8 +318,19 @@ def _per_layer(key: Any, value: Any, n: int) -> bool:
     return isinstance(value, str) and len(value) == n and ("pattern" in key or "block_type" in key)
 
 
-def _choose_layers(d: dict[str, Any], n: int) -> list[int]:
-    """Indices of the layers to keep: the first layer of each distinct per-layer signature, at least 2."""
+def _feature_layers(d: dict[str, Any], n: int) -> set[int]:
+    """The layers a FEATURE_LAYER_KEYS list names (of n layers): the shrunk model must keep all of them."""
+    out: set[int] = set()
+    for key in FEATURE_LAYER_KEYS:
+        v = d.get(key)
+        if isinstance(v, list) and v and all(_int(i) and -n <= i < n for i in v):
+            out.update(i % n for i in v)
+    return out
+
+
+def _choose_layers(d: dict[str, Any], n: int, required: set[int] | frozenset[int] = frozenset()) -> list[int]:
+    """Indices of the layers to keep: the first layer of each distinct per-layer signature, at least 2;
+    with ``required`` (feature taps), those layers plus the first of each per-layer signature."""
     per_layer = [v for k, v in d.items() if _per_layer(k, v, n)]
     idx: list[int] = []
     seen: set[str] = set()
@@ -314,12 +339,15 @@ def _choose_layers(d: dict[str, Any], n: int) -> list[int]:
         if sig not in seen:
             seen.add(sig)
             idx.append(i)
+    idx = idx[:MAX_PATTERN_LAYERS]
+    if required:
+        idx = sorted(set(required) | (set(idx) if per_layer else set()))
     for i in range(n):
         if len(idx) >= min(n, MAX_LAYERS):
             break
         if i not in idx:
             idx.append(i)
-    return sorted(idx[:MAX_PATTERN_LAYERS])
+    return sorted(idx)
 
 
 def _shrink_heads(d: dict[str, Any], plan: _WidthPlan, where: str) -> None:
@@ -359,10 +387,19 @@ def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
             # group norms over the now narrower channels (BiT: GroupNorm(32) over 8 channels)
             if _int(d.get("num_groups")) and d["num_groups"] > 8:
                 d["num_groups"] = 8
-    # list-valued heads with a scalar embed_dim (Swin-style): width follows heads[0]
+    # list-valued heads with a scalar stem width (Swin-style): the stem follows heads[0]; it doubles per
+    # stage, and a width that was the last stage's (Swin's hidden_size, CLAP's audio hidden_size that
+    # its projection takes) stays the last stage's
     heads = next((d[k] for k in HEAD_KEYS if isinstance(d.get(k), list) and d.get(k)), None)
-    if heads and _int(d.get("embed_dim")) and plan.new_heads is None:
-        d["embed_dim"] = 32 * heads[0]
+    stages = d.get("depths")
+    for key in STEM_WIDTH_KEYS:
+        stem = d.get(key)
+        if not (heads and _int(stem) and plan.new_heads is None):
+            continue
+        d[key] = 32 * heads[0]
+        if key != plan.width_key and plan.width_key and isinstance(stages, list) and stages:
+            if plan.old_width == stem * 2 ** (len(stages) - 1):
+                d[plan.width_key] = d[key] * 2 ** (len(stages) - 1)
 
 
 def _shrink_experts(d: dict[str, Any]) -> None:
