@@ -93,3 +93,19 @@ def test_trainer_with_torch_compile_uses_the_tpu_backend_and_matches_cpu(tmp_pat
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0, "nothing was compiled"
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert losses == pytest.approx(cpu_losses, abs=1e-4)
+
+
+def test_trainer_under_defer_and_fuse_matches_cpu(tmp_path):
+    """A user who sets DeferAndFuse and calls Trainer: accumulation, clipping and checkpointing fuse, and
+    the losses are CPU's."""
+    from hf_tpu.runtime import lazy
+
+    extra = dict(gradient_accumulation_steps=2, max_grad_norm=0.5, activation_checkpointing=True)
+    _, cpu_model, cpu_losses = _train(tmp_path, use_cpu=True, **extra)
+    flushes = lazy.stats["flushes"]
+    with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        _, model, losses = _train(tmp_path, use_cpu=False, **extra)
+    assert lazy.stats["flushes"] > flushes  # the steps really ran deferred
+    assert losses == pytest.approx(cpu_losses, abs=1e-4)
+    for (name, p), q in zip(model.named_parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-4, rtol=1e-4, msg=name)
