@@ -236,6 +236,37 @@ def _call(op, sample):
     return op(sample.input, *sample.args, **sample.kwargs)
 
 
+# how a sample runs on tpu: op by op, recorded and fused, or captured whole by torch.compile
+MODES = ("strict", "defer_and_fuse", "compiled")
+
+
+class Uncapturable(Exception):
+    """Dynamo cannot capture this sample as one graph on any backend (a data-dependent output shape,
+    an unsupported Python construct): the compiled mode has nothing to test."""
+
+
+def _run_on_device(op, inp, args, kwargs, mode: str):
+    """`op(inp, *args, **kwargs)` on tpu tensors under `mode`, with its results on CPU."""
+    if mode == "strict":
+        return op(inp, *args, **kwargs)
+    if mode == "defer_and_fuse":
+        with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+            return op(inp, *args, **kwargs)  # materialized by the copy to CPU after the context
+    if mode == "compiled":
+        fn = op.op
+
+        def whole(x, *a, **k):
+            return fn(x, *a, **k)
+
+        torch._dynamo.reset()  # one code object for every sample: a fresh cache, never the eager fallback
+        compiled = torch.compile(whole, backend="tpu", fullgraph=True, dynamic=False)
+        try:
+            return compiled(inp, *args, **kwargs)
+        except torch._dynamo.exc.Unsupported as exc:  # raised while tracing, before any backend runs
+            raise Uncapturable(error_line(exc)) from exc
+    raise ValueError(f"unknown mode {mode!r}; one of {MODES}")
+
+
 def error_line(exc: BaseException) -> str:
     """`Class: first line`, with the bulky input descriptions of hf_tpu errors cut."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -414,15 +445,23 @@ def assert_factorization(kind: str, actual, expected, sample, name: str, variant
     )
 
 
-def compare_sample(op, sample, expected, stats: collections.Counter | None = None) -> str:
-    """Run `sample` on tpu and compare with CPU's `expected`: '' when it passes, else the error line.
-    `stats["fp64"]` counts the samples that passed by the float64 rule (see `closer_to_fp64`),
-    `stats["host_only"]` those that never touched the device (shape functions of Python numbers)."""
+def compare_sample(
+    op, sample, expected, stats: collections.Counter | None = None, mode: str = "strict"
+) -> str:
+    """Run `sample` on tpu (under `mode`, one of MODES) and compare with CPU's `expected`: '' when it
+    passes, else the error line. `stats["fp64"]` counts the samples that passed by the float64 rule (see
+    `closer_to_fp64`), `stats["host_only"]` those that never touched the device (shape functions of
+    Python numbers), `stats["uncapturable"]` those Dynamo cannot capture whole (compiled mode)."""
     try:
         keep = tol.cpu_args(op.name, op.variant_test_name)
         args = tuple(a if i in keep else _to_device(a, "tpu") for i, a in enumerate(sample.args))
         tpu_input = (_to_device(sample.input, "tpu"), args, _to_device(sample.kwargs, "tpu"))
-        raw = op(tpu_input[0], *tpu_input[1], **tpu_input[2])
+        try:
+            raw = _run_on_device(op, tpu_input[0], tpu_input[1], tpu_input[2], mode)
+        except Uncapturable as exc:
+            if stats is not None:
+                stats["uncapturable"] += 1
+            return f"Uncapturable: {exc}"
         if stats is not None and not _on_device([tpu_input, raw]):
             stats["host_only"] += 1  # no tensor went to or came from the device: nothing was tested
         actual = _device_dtype_as_cpu(op, _to_cpu(raw), expected)
@@ -582,8 +621,10 @@ def run_opinfo(
     budget_s: float = 60.0,
     max_samples: int | None = None,
     run_unlowered: bool = False,
+    mode: str = "strict",
 ) -> OpResult:
-    """All samples of `op` at each supported dtype, within `budget_s` seconds (the rest is skipped)."""
+    """All samples of `op` at each supported dtype, within `budget_s` seconds (the rest is skipped),
+    run on tpu under `mode` (MODES). Samples Dynamo cannot capture whole count as skipped."""
     _ensure_device()
     key = op_key(op)
     res = OpResult(key)
@@ -624,7 +665,7 @@ def run_opinfo(
         # predicted unlowered: confirm on tpu with the first sample (the trace follows CPU's dispatch,
         # which can differ), and skip the rest when the device indeed lacks an op
         dres, samples, traced = next(p for p in plan if p[2])
-        error = compare_sample(op, traced[0].pristine, traced[0].expected)
+        error = compare_sample(op, traced[0].pristine, traced[0].expected, mode=mode)
         if missing_op(error):
             res.status = "not_lowered"
             res.missing = sorted(set(predicted_missing) | {missing_op(error)})
@@ -644,8 +685,8 @@ def run_opinfo(
             seen = [confirmed[m] for m in r.missing if m in confirmed]
             # a sample predicted to reach an op already seen missing on tpu fails the same way: not rerun
             stats: collections.Counter = collections.Counter()
-            error = seen[0] if seen else compare_sample(op, r.pristine, r.expected, stats)
-            if stats["host_only"] and not error:
+            error = seen[0] if seen else compare_sample(op, r.pristine, r.expected, stats, mode)
+            if (stats["host_only"] and not error) or stats["uncapturable"]:
                 dres.skipped += 1
                 continue
             dres.samples += 1
