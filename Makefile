@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo opinfo bench bench-eager bench-modes bench-load bench-generate bench-first-call lint format
+.PHONY: install test test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call lint format
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ demo: install
 
 opinfo: install
 	$(PY) -m tests.opinfo_report --out reports/opinfo
+
+# the whole op_db under DeferAndFuse and inside torch.compile(backend="tpu"): float32, first 4 samples
+opinfo-modes: install
+	$(PY) -m tests.opinfo_report --mode defer_and_fuse --dtypes float32 --max-samples 4 --out reports/opinfo-defer_and_fuse
+	$(PY) -m tests.opinfo_report --mode compiled --dtypes float32 --max-samples 4 --out reports/opinfo-compiled
 
 bench-eager: install
 	$(PY) benchmarks/bench_eager.py --out reports/bench

@@ -61,6 +61,8 @@ from hf_tpu.runtime.storage import REGISTRY
 from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax
 
 log = logging.getLogger("hf_tpu.compile")
+# aot_autograd threads ops with side effects (`_linalg_check_errors`) through a token: (token, *outputs)
+WITH_EFFECTS = torch.ops.higher_order.with_effects
 _warned: set = set()
 
 
@@ -180,6 +182,15 @@ class GraphProgram:
                 elif target is WITH_RNG:  # op(*args) with the key of a saved state
                     key = key_of_state(node_args[0])
                     env[node] = self._lower(node_args[1], node_args[2:], kwargs, key, node)
+                elif target is WITH_EFFECTS:  # (token, *op(*args)): an op kept in order for its effect
+                    token, op, *rest = node_args
+                    lowering = graph_lowering(op)
+                    out = lowering.fn(
+                        *[_devicefree(v) for v in _Signature(op).normalize(tuple(rest), kwargs)]
+                    )
+                    env[node] = (token,) + (
+                        () if out is None else tuple(out) if isinstance(out, list | tuple) else (out,)
+                    )
                 elif not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*node_args, **kwargs)
                 else:
@@ -432,10 +443,10 @@ def _draws_key(node) -> bool:
 
 
 def _wrapped_op(node):
-    """What `node` computes: the ATen op inside an RNG wrapper, else its own target."""
+    """What `node` computes: the ATen op inside an RNG or effect wrapper, else its own target."""
     if node.target is SAVE_RNG:
         return node.args[0]
-    if node.target is WITH_RNG:
+    if node.target is WITH_RNG or node.target is WITH_EFFECTS:
         return node.args[1]
     return node.target
 

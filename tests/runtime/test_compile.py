@@ -446,3 +446,42 @@ def test_dynamo_skips_the_runtime_whichever_backend_compiles():
     torch._dynamo.reset()
     f = torch.compile(lambda x: (x * 2).sum().item(), backend="aot_eager")
     assert f(torch.ones(3, device="tpu")) == 6.0
+
+
+def test_compiled_linalg_with_error_checks_matches_cpu():
+    """aot_autograd threads `_linalg_check_errors` through an effect token (`with_effects`): it runs in the
+    graph as no check (an XLA program cannot raise), so a singular input gives inf/nan there."""
+    a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    spd = a @ a.T + 4 * torch.eye(4)
+    for fn in (torch.linalg.inv, torch.linalg.cholesky, lambda x: torch.linalg.solve(x, x[:, :2])):
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="tpu", fullgraph=True)(spd.to("tpu"))
+        torch.testing.assert_close(got.cpu(), fn(spd), atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+    singular = torch.compile(torch.linalg.inv, backend="tpu", fullgraph=True)(torch.zeros(2, 2, device="tpu"))
+    assert not torch.isfinite(singular.cpu()).all()
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.fft.ifft(x, n=10, dim=1, norm="ortho"),
+        lambda x: torch.fft.hfft2(x.to(torch.complex64), s=(3, 10), dim=(1, 2), norm="ortho"),
+        lambda x: torch.fft.ihfft(x, n=10, dim=1),
+        lambda x: (x * (2 + 1j)).conj() * (1 + 3j),
+    ],
+    ids=["ifft", "hfft2", "ihfft", "conj_then_mul"],
+)
+def test_compiled_conjugate_views_carry_conjugated_values(fn):
+    """`_conj` inside a graph is a value (the conjugates), not an alias: ifft is conj(fft(x)) there."""
+    x = torch.randn(5, 6, 7, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to("tpu"))
+    torch.testing.assert_close(got.cpu().resolve_conj(), fn(x).resolve_conj(), atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_unfold_of_a_scalar_matches_cpu():
+    x = torch.tensor(3.0)
+    torch._dynamo.reset()
+    got = torch.compile(lambda t: t.unfold(0, 1, 1) * 2, backend="tpu", fullgraph=True)(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), x.unfold(0, 1, 1) * 2)

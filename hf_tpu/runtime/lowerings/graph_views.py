@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from hf_tpu.runtime.dtypes import convert, to_jax_dtype
 from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.lowerings.shape import unfold_copy
 
 
 def _shape(x, size):
@@ -48,13 +49,19 @@ def reshape_alias(x, size, stride):
     "aten::lift_fresh_copy",
     "aten::clone",
     "aten::contiguous",
-    "aten::_conj",
     "aten::resolve_conj",
     "aten::resolve_neg",
     graph=True,
 )
 def alias(x, *rest, **kw):
     return x
+
+
+@lowers("aten::_conj", graph=True)
+def conj_view(x):
+    """A conjugate view's values are the conjugates (eager marks it with a bit that readers resolve);
+    an output that is this view of another value is replayed as the view itself (`graph_outputs`)."""
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
 
 
 @lowers("aten::t", "aten::t_copy", graph=True)
@@ -130,11 +137,7 @@ def as_strided(x, size, stride, storage_offset=None):
 
 @lowers("aten::unfold", graph=True)
 def unfold(x, dimension, size, step):
-    dimension %= max(x.ndim, 1)
-    n = (x.shape[dimension] - size) // step + 1
-    idx = jnp.arange(n)[:, None] * step + jnp.arange(size)[None, :]
-    out = jnp.take(x, idx, axis=dimension)  # (..., n, size, ...)
-    return jnp.moveaxis(out, dimension + 1, -1)
+    return unfold_copy(x, dimension, size, step)  # a graph's views are values: the copy's lowering
 
 
 @lowers("aten::_to_copy", graph=True)
