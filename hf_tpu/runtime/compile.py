@@ -492,9 +492,11 @@ def _make_compiler(kind: str):
             program = GraphProgram(gm, name)
         if program.missing:
             missing = sorted(set(program.missing))
-            if os.environ.get("HF_TPU_COMPILE_STRICT", "") == "1":
+            if os.environ.get("HF_TPU_COMPILE_STRICT", "") == "1" or dynamo_prep.fullgraph_requested():
                 raise GraphLoweringMissing(
-                    f"hf_tpu compile: no graph lowering for {', '.join(missing)} in graph {name}"
+                    f"hf_tpu compile: no graph lowering for {', '.join(missing)} in graph {name}, so it cannot "
+                    "run as one compiled program (fullgraph=True or HF_TPU_COMPILE_STRICT=1 asks for that); "
+                    "without them the graph runs op by op in tpu eager, with a warning"
                 )
             key = tuple(missing)
             if key not in _warned:

@@ -64,3 +64,15 @@ def keep_dynamo_out_of_the_runtime(trace_rules=None) -> None:
 def install() -> None:
     keep_dynamo_out_of_the_runtime()
     allow_float_grouped_mm_in_fake_tensors()
+
+
+def fullgraph_requested() -> bool:
+    """Whether the `torch.compile` call being traced now asked for one graph (`fullgraph=True`). Read from
+    Dynamo's active frame translator while a backend compiles the forward; False when none is active
+    (a backward graph compiles later, at `.backward()`)."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return bool(InstructionTranslator.current_tx().one_graph)
+    except Exception:  # noqa: BLE001 - no translator active, or Dynamo's internals moved
+        return False

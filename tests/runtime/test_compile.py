@@ -485,3 +485,22 @@ def test_compiled_unfold_of_a_scalar_matches_cpu():
     torch._dynamo.reset()
     got = torch.compile(lambda t: t.unfold(0, 1, 1) * 2, backend="tpu", fullgraph=True)(x.to("tpu"))
     torch.testing.assert_close(got.cpu(), x.unfold(0, 1, 1) * 2)
+
+
+def test_an_op_without_a_graph_lowering_raises_under_fullgraph_and_runs_eagerly_otherwise(monkeypatch):
+    real = tpu_compile.graph_lowering
+    hidden = torch.ops.aten.tanh.default
+    monkeypatch.setattr(tpu_compile, "graph_lowering", lambda op: None if op is hidden else real(op))
+    monkeypatch.setattr(tpu_compile, "_warned", set())
+    x = torch.randn(3, 4)
+
+    def fn(t):
+        return torch.tanh(t * 2) + 1
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"no graph lowering for aten\.tanh\.default.*fullgraph=True"):
+        torch.compile(fn, backend="tpu", fullgraph=True)(x.to("tpu"))
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match=r"without a pure-JAX lowering \(aten\.tanh\.default\)"):
+        got = torch.compile(fn, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), fn(x))
