@@ -281,7 +281,11 @@ def _run_on_device(op, inp, args, kwargs, mode: str, sample=None):
 
 
 def error_line(exc: BaseException) -> str:
-    """`Class: first line`, with the bulky input descriptions of hf_tpu errors cut."""
+    """`Class: first line`, with the bulky input descriptions of hf_tpu errors cut; a backend's error
+    wrapped by Dynamo (`BackendCompilerFailed`) is reported as itself."""
+    inner = getattr(exc, "inner_exception", None)
+    if isinstance(inner, BaseException):
+        exc = inner
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     text = re.sub(r" \(inputs: .*", "", text)
     text = re.sub(r" failed on \(.*?\) at \S+ in \S+:", " failed:", text)

@@ -28,7 +28,9 @@ def test_tpu_memory_breakdown_reports_the_tpu():
     assert device.type == "tpu" and total == capacity
     budget = total - max(reserved, allocated)
     share = integ.HOST_BACKED_CACHE_SHARE if memory.host_backed() else 1.0
-    assert 0 < budget <= free * share + 1
+    # on CPU `free` is the host's available RAM, read again here: other processes move it a little between
+    # the two reads (a 30 KB difference failed a strict bound)
+    assert 0 < budget <= free * share * 1.02 + 1
 
 
 def test_generate_batch_sizes_its_cache_from_tpu_memory_and_matches_cpu(llama_cpu, llama_tpu, monkeypatch):

@@ -504,3 +504,24 @@ def test_an_op_without_a_graph_lowering_raises_under_fullgraph_and_runs_eagerly_
     with pytest.warns(UserWarning, match=r"without a pure-JAX lowering \(aten\.tanh\.default\)"):
         got = torch.compile(fn, backend="tpu")(x.to("tpu"))
     torch.testing.assert_close(got.cpu(), fn(x))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: torch.diagonal(x, 1, 0, 2) * 2,
+        lambda x: torch.view_as_complex(x[..., :2].contiguous()).abs(),
+        lambda x: torch.dist(x, x.flip(0), 3),
+        lambda x: torch.empty_permuted((2, 3), (1, 0), device=x.device).fill_(1) + x[0, 0, :3],
+        lambda x: torch.cholesky_solve(
+            x[0, :, :2], torch.linalg.cholesky(x[0] @ x[0].T + 4 * torch.eye(4, device=x.device))
+        ),
+    ],
+    ids=["diagonal", "view_as_complex", "dist", "empty_permuted", "cholesky_solve"],
+)
+def test_ops_with_graph_lowerings_compile_whole_and_match_cpu(fn):
+    """fullgraph=True: each compiles as one program (a missing graph lowering would raise)."""
+    x = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), fn(x), atol=1e-5, rtol=1e-5)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from hf_tpu.runtime.dtypes import convert, to_jax_dtype
@@ -62,6 +63,21 @@ def conj_view(x):
     """A conjugate view's values are the conjugates (eager marks it with a bit that readers resolve);
     an output that is this view of another value is replayed as the view itself (`graph_outputs`)."""
     return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+@lowers("aten::diagonal", "aten::diagonal_copy", graph=True)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    return jnp.diagonal(x, offset, dim1 % x.ndim, dim2 % x.ndim)  # the diagonal becomes the last dim
+
+
+@lowers("aten::view_as_complex", graph=True)
+def view_as_complex(x):
+    return jax.lax.complex(x[..., 0], x[..., 1])
+
+
+@lowers("aten::view_as_real", graph=True)
+def view_as_real(x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
 
 
 @lowers("aten::t", "aten::t_copy", graph=True)
@@ -199,6 +215,11 @@ def zeros(size, dtype=None, layout=None, device=None, pin_memory=None, memory_fo
 @lowers("aten::empty_strided", graph=True)
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
     return jnp.zeros(tuple(size), dtype=_dtype(dtype))
+
+
+@lowers("aten::empty_permuted", graph=True)
+def empty_permuted(size, physical_layout, dtype=None, layout=None, device=None, pin_memory=None):
+    return jnp.zeros(tuple(size), dtype=_dtype(dtype))  # a graph's values carry no memory layout
 
 
 @lowers("aten::ones", graph=True)

@@ -269,3 +269,13 @@ def cholesky_solve_helper(b, factor, upper):
     return jax.lax.linalg.triangular_solve(
         lower, y, left_side=True, lower=True, transpose_a=True, conjugate_a=True
     )
+
+
+@lowers("aten::cholesky_solve", graph=True)
+def cholesky_solve(b, factor, upper=False):
+    """`torch.cholesky_solve` in a graph: the batch dims of B and the factor broadcast, then the helper
+    (eager reaches the helper through PyTorch's composite, which broadcasts)."""
+    batch = jnp.broadcast_shapes(b.shape[:-2], factor.shape[:-2])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    factor = jnp.broadcast_to(factor, batch + factor.shape[-2:])
+    return cholesky_solve_helper(b, factor, upper)

@@ -267,6 +267,16 @@ def _native_batch_norm_legit_functional(x, weight, bias, running_mean, running_v
     return out, mean, invstd, running_mean, running_var
 
 
+@lowers("aten::_batch_norm_with_update_functional", graph=True)
+def _batch_norm_with_update_functional(x, weight, bias, running_mean, running_var, momentum, eps):
+    """A training step's batch norm in a graph: (out, save_mean, save_invstd, reserve, new running mean,
+    new running var); aot_autograd writes the new statistics back into the module's buffers."""
+    out, mean, invstd, new_mean, new_var = _bn_train(
+        x, weight, bias, running_mean, running_var, momentum, eps
+    )
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
 @lowers("aten::_native_batch_norm_legit_no_training")
 def _native_batch_norm_legit_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
     return _bn_eval(x, weight, bias, running_mean, running_var, eps)

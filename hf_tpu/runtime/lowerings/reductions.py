@@ -247,6 +247,12 @@ def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, dtype=None):
     return _vector_norm(x, ord, dim, keepdim, dtype)
 
 
+@lowers("aten::dist", graph=True)
+def dist(x, other, p=2):
+    """‖x - other‖_p over every element (broadcast), as `torch.dist`; eager decomposes it instead."""
+    return _vector_norm(x - other, p, None, False)
+
+
 @lowers("aten::norm.Scalar", static_scalars=True)
 def norm_scalar(x, p=2):
     return _vector_norm(x, p, None, False)
