@@ -516,8 +516,20 @@ def test_an_op_without_a_graph_lowering_raises_under_fullgraph_and_runs_eagerly_
         lambda x: torch.cholesky_solve(
             x[0, :, :2], torch.linalg.cholesky(x[0] @ x[0].T + 4 * torch.eye(4, device=x.device))
         ),
+        lambda x: torch.nn.functional.bilinear(x[0], x[1], x[2, :3].reshape(3, 4, 1).expand(3, 4, 4)),
+        lambda x: torch.linalg.pinv(x[:, :, :3]),
+        lambda x: torch.linalg.pinv(x[0] @ x[0].T, hermitian=True),
     ],
-    ids=["diagonal", "view_as_complex", "dist", "empty_permuted", "cholesky_solve"],
+    ids=[
+        "diagonal",
+        "view_as_complex",
+        "dist",
+        "empty_permuted",
+        "cholesky_solve",
+        "bilinear",
+        "pinv",
+        "pinv_hermitian",
+    ],
 )
 def test_ops_with_graph_lowerings_compile_whole_and_match_cpu(fn):
     """fullgraph=True: each compiles as one program (a missing graph lowering would raise)."""

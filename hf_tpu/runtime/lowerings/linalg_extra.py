@@ -279,3 +279,44 @@ def cholesky_solve(b, factor, upper=False):
     b = jnp.broadcast_to(b, batch + b.shape[-2:])
     factor = jnp.broadcast_to(factor, batch + factor.shape[-2:])
     return cholesky_solve_helper(b, factor, upper)
+
+
+@lowers("aten::_trilinear", graph=True)
+def _trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
+    """`F.bilinear`'s core: each input gets size-1 dims at its `expand` positions, the three broadcast
+    and multiply, and the `sumdim` dims are summed away."""
+
+    def expand(x, dims):
+        for d in sorted(dims):
+            x = jnp.expand_dims(x, d)
+        return x
+
+    product = expand(i1, expand1) * expand(i2, expand2) * expand(i3, expand3)
+    return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product
+
+
+@lowers("aten::linalg_pinv.atol_rtol_tensor", graph=True)
+def linalg_pinv(x, atol=None, rtol=None, hermitian=False):
+    """Moore-Penrose inverse with PyTorch's cutoff: singular values at most max(atol, rtol * largest)
+    count as zero; rtol defaults to eps * max(m, n) when atol is not given (or is zero), else to 0.
+    Through the SVD, or with `hermitian` through the eigendecomposition of the lower triangle (as CPU's
+    eigh path reads it; the singular values are the eigenvalues' magnitudes)."""
+    m, n = x.shape[-2:]
+    if hermitian:
+        low = jnp.tril(x)
+        w, v = jnp.linalg.eigh(low + jnp.conj(jnp.swapaxes(jnp.tril(x, -1), -1, -2)))
+        s = jnp.abs(w)
+        u, vh = v, jnp.conj(jnp.swapaxes(v, -1, -2)) * jnp.sign(w)[..., :, None]
+    else:
+        u, s, vh = jnp.linalg.svd(x, full_matrices=False)
+    real = s.dtype
+    if rtol is None:
+        default = jnp.finfo(real).eps * max(m, n)
+        rtol = default if atol is None else jnp.where(jnp.asarray(atol) > 0, 0.0, default)
+    atol = 0.0 if atol is None else atol
+    largest = jnp.max(s, axis=-1, keepdims=True, initial=0.0)
+    cutoff = jnp.maximum(jnp.asarray(atol, real)[..., None], jnp.asarray(rtol, real)[..., None] * largest)
+    s_inv = jnp.where(s > cutoff, 1.0 / jnp.where(s > cutoff, s, 1.0), 0.0).astype(x.dtype)
+    return jnp.matmul(
+        jnp.conj(jnp.swapaxes(vh, -1, -2)) * s_inv[..., None, :], jnp.conj(jnp.swapaxes(u, -1, -2))
+    )
