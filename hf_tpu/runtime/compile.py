@@ -184,10 +184,7 @@ class GraphProgram:
                     env[node] = self._lower(node_args[1], node_args[2:], kwargs, key, node)
                 elif target is WITH_EFFECTS:  # (token, *op(*args)): an op kept in order for its effect
                     token, op, *rest = node_args
-                    lowering = graph_lowering(op)
-                    out = lowering.fn(
-                        *[_devicefree(v) for v in _Signature(op).normalize(tuple(rest), kwargs)]
-                    )
+                    out = self._apply(op, rest, kwargs, None)  # its outputs have no traced value to cast to
                     env[node] = (token,) + (
                         () if out is None else tuple(out) if isinstance(out, list | tuple) else (out,)
                     )
@@ -207,8 +204,11 @@ class GraphProgram:
         raise RuntimeError("graph without output")
 
     def _lower(self, op, args: list, kwargs: dict, key, node):
-        """`op` applied through its lowering (given `key` first when it is random), cast to the traced
-        result of `node`."""
+        """`op` applied through its lowering (`_apply`), cast to the traced result of `node`."""
+        return _cast_like(platform.jax().numpy, self._apply(op, args, kwargs, key), _result_spec(node))
+
+    def _apply(self, op, args: list, kwargs: dict, key):
+        """`op` applied through its lowering (given `key` first when it is random); errors name the graph."""
         lowering = graph_lowering(op)
         full = [_devicefree(v) for v in _Signature(op).normalize(tuple(args), kwargs)]
         if lowering.random:
@@ -217,7 +217,7 @@ class GraphProgram:
             out = lowering.fn(*full)
         except Exception as exc:  # noqa: BLE001 - name the node
             raise RuntimeError(f"hf_tpu compile: lowering {op} failed in graph {self.name}: {exc}") from exc
-        return _cast_like(platform.jax().numpy, out, _result_spec(node))
+        return out
 
     def __call__(self, *args):
         if self.missing:

@@ -12,6 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from compat.materialize import HarnessError, Plan, load_model, materialize, plan_entry  # noqa: E402
 from compat.shrink import shrink_config_dict  # noqa: E402
+from tests.compat.in_process import run_plan  # noqa: E402
 
 # --------------------------------------------------------------------------------------------- shrinking
 
@@ -295,19 +296,8 @@ ALL_CASES = FAST_CASES + SLOW_CASES
 
 def run_in_process(arch: str, library: str, tmp_path, modes=("eager",)) -> list[dict]:
     """The worker's real per-model pipeline, in this process (no subprocess): returns its records."""
-    from compat.worker import run_task
-
     plan = plan_entry({"id": f"test/{arch}", "architecture": arch, "library": library})
-    records: list[dict] = []
-    task = {
-        "plan": plan.to_dict(),
-        "modes": list(modes),
-        "device": "cpu",
-        "base": {"model_id": plan.model_id, "attributed_ids": [plan.model_id], "dedup_key": plan.dedup_key},
-        "cache_dir": str(tmp_path),
-    }
-    run_task(task, lambda kind, payload: records.append(payload) if kind == "record" else None)
-    return records
+    return run_plan(plan, tmp_path, modes)
 
 
 def test_case_list_covers_every_modality_and_40_architectures():
@@ -389,18 +379,7 @@ def test_shrink_remaps_layer_index_dicts():
 
 def test_worker_drops_the_run_cache_checkpoint_after_its_task(tmp_path):
     """A full-sample run writes thousands of checkpoints: each is deleted once its model has run."""
-    from compat.worker import run_task
-
     plan = plan_entry({"id": "test/BertModel", "architecture": "BertModel", "library": "transformers"})
-    records: list[dict] = []
-    task = {
-        "plan": plan.to_dict(),
-        "modes": ["eager"],
-        "device": "cpu",
-        "base": {"model_id": plan.model_id, "attributed_ids": [plan.model_id], "dedup_key": plan.dedup_key},
-        "cache_dir": str(tmp_path),
-        "keep_model": False,
-    }
-    run_task(task, lambda kind, payload: records.append(payload) if kind == "record" else None)
+    records = run_plan(plan, tmp_path, keep_model=False)
     assert [r["status"] for r in records] == ["pass"]
     assert not any(p.is_dir() for p in tmp_path.iterdir())

@@ -15,6 +15,7 @@ from compat.cli import MODEL_LISTS  # noqa: E402
 from compat.inputs import DEC_LEN, build_inputs, strip_private  # noqa: E402
 from compat.materialize import Plan, build_model, plan_entry  # noqa: E402
 from compat.sample import load_sample, sample_path  # noqa: E402
+from tests.compat.in_process import run_plan  # noqa: E402
 
 
 def _entry(model_id: str) -> dict:
@@ -32,18 +33,7 @@ def _built(plan: Plan):
 
 def _cpu_reference(plan: Plan, tmp_path) -> dict:
     """The worker's pipeline (materialize, from_pretrained, inputs, CPU reference twice, eager on CPU)."""
-    from compat.worker import run_task
-
-    records: list[dict] = []
-    task = {
-        "plan": plan.to_dict(),
-        "modes": ["eager"],
-        "device": "cpu",
-        "base": {"model_id": plan.model_id, "attributed_ids": [plan.model_id], "dedup_key": plan.dedup_key},
-        "cache_dir": str(tmp_path),
-    }
-    run_task(task, lambda kind, payload: records.append(payload) if kind == "record" else None)
-    (rec,) = records
+    (rec,) = run_plan(plan, tmp_path)
     return rec
 
 

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.hf_models import tiny_unet
+
 PROMPT = "a photo of a red cat"
 WORDS = ["<pad>", "<unk>", "<s>", "</s>", "a", "photo", "of", "cat", "dog", "red"]
 
@@ -31,7 +33,7 @@ def _tokenizer():
 @pytest.fixture(scope="module")
 def sd(tmp_path_factory):
     """(folder of a saved tiny Stable Diffusion pipeline, CPU images for PROMPT)."""
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline
     from transformers import CLIPTextConfig, CLIPTextModel
 
     torch.manual_seed(0)
@@ -48,18 +50,7 @@ def sd(tmp_path_factory):
             eos_token_id=3,
         )
     )
-    unet = UNet2DConditionModel(
-        sample_size=8,
-        in_channels=4,
-        out_channels=4,
-        layers_per_block=1,
-        block_out_channels=(16, 32),
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32,
-        attention_head_dim=8,
-        norm_num_groups=8,
-    )
+    unet = tiny_unet(sample_size=8, cross_attention_dim=32)[0]  # 16 x 16 images: 8 x 8 latents
     vae = AutoencoderKL(
         in_channels=3,
         out_channels=3,
