@@ -26,13 +26,20 @@ log = logging.getLogger("hf_tpu.executables")
 
 _CHECK_EVERY = 64  # compiles between two counts of the mappings (a count of 30,000 takes ~5 ms)
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # a compile or a persistent-cache load
+# the stages of one compile, timed for DeferAndFuse's flush log (trace, lower to MLIR, XLA compile)
+_COMPILE_STAGES = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    _COMPILE_EVENT,
+)
 _MAPS = "/proc/self/maps"
 _MAX_MAP_COUNT = "/proc/sys/vm/max_map_count"
 
-stats = {"compiles": 0, "clears": 0, "mappings_at_last_clear": 0}
+stats = {"compiles": 0, "clears": 0, "mappings_at_last_clear": 0, "compile_seconds": 0.0}
 _due = [False]  # set by the compile listener, served at the next safe point
 _lock = threading.Lock()
 _installed = [False]
+_watch_maps = [False]  # the OS lists mappings and a budget is known
 
 
 def map_count() -> int | None:
@@ -60,18 +67,30 @@ def map_budget() -> int | None:
 
 
 def install(jax) -> None:
-    """Count JAX's compiles from now on (once per process; `platform.jax()` calls it)."""
+    """Count JAX's compiles and their time from now on (once per process; `platform.jax()` calls it)."""
     with _lock:
-        if _installed[0] or map_count() is None or map_budget() is None:
+        if _installed[0]:
             return
         _installed[0] = True
+        _watch_maps[0] = map_count() is not None and map_budget() is not None
         jax.monitoring.register_event_duration_secs_listener(_on_event)
 
 
+def compile_seconds() -> float:
+    """Seconds this process has spent compiling (tracing, lowering and XLA compiles, persistent-cache
+    loads included) since `install`."""
+    return stats["compile_seconds"]
+
+
 def _on_event(event: str, duration: float, **kwargs) -> None:
+    if event not in _COMPILE_STAGES:
+        return
+    stats["compile_seconds"] += duration
     if event != _COMPILE_EVENT:
         return
     stats["compiles"] += 1
+    if not _watch_maps[0]:
+        return
     if stats["compiles"] % _CHECK_EVERY == 0 and not _due[0]:
         try:
             budget = map_budget()

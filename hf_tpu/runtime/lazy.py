@@ -314,6 +314,7 @@ def flush(reason: str = "explicit") -> None:
         program = _program_cache.pop(key, None)
         executables.collect_if_due()  # a safe point: no JAX call under way
         t0 = time.perf_counter()
+        compiling0 = executables.compile_seconds()
         if program is None:
             jax = platform.jax()
             program = jax.jit(_replay(trace.ops, outputs))
@@ -333,12 +334,13 @@ def flush(reason: str = "explicit") -> None:
         REGISTRY.materialize_pending()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "flush (%s): %d ops, %d inputs, %d outputs, cache %s, %.1f ms",
+                "flush (%s): %d ops, %d inputs, %d outputs, cache %s, compile %.1f ms, %.1f ms in all",
                 reason,
                 len(trace.ops),
                 len(trace.inputs),
                 len(outputs),
                 "hit" if hit else "miss",
+                (executables.compile_seconds() - compiling0) * 1e3,
                 (time.perf_counter() - t0) * 1e3,
             )
 

@@ -1,6 +1,8 @@
 """DeferAndFuse: deferred ops give Strict's results, fuse into cached programs, and sync where needed."""
 
 import copy
+import logging
+import re
 
 import pytest
 import torch
@@ -59,6 +61,24 @@ def test_repeated_step_reuses_the_compiled_program(defer):
         step(x).cpu()
     assert lazy.stats["cache_misses"] == before["cache_misses"], "an identical step recompiled"
     assert lazy.stats["cache_hits"] >= before["cache_hits"] + 3
+
+
+def test_debug_log_reports_each_flush(defer, caplog):
+    """HF_TPU_LOG's per-flush line: why it flushed, ops, cache hit/miss and the compile time."""
+    w = torch.randn(24, 24, device="tpu")
+    torch.tpu.flush()
+    with caplog.at_level(logging.DEBUG, logger="hf_tpu.lazy"):
+        for _ in range(2):
+            (torch.relu(w @ w) * 3.5).sum().item()
+    lines = [r.getMessage() for r in caplog.records if r.name == "hf_tpu.lazy"]
+    assert len(lines) == 2, lines
+    pattern = r"flush \(value needed on host\): (\d+) ops, .*cache (hit|miss), compile ([\d.]+) ms, ([\d.]+) ms in all"
+    first, second = (re.search(pattern, line) for line in lines)
+    assert first and second, lines
+    assert int(first.group(1)) >= 4 and first.group(1) == second.group(1)
+    assert second.group(2) == "hit" and float(second.group(3)) == 0.0
+    if first.group(2) == "miss":  # a program seen earlier in this process may be cached already
+        assert 0.0 < float(first.group(3)) <= float(first.group(4))
 
 
 def test_a_loop_that_never_syncs_is_cut_into_one_repeated_program(defer, monkeypatch):
