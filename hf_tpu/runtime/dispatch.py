@@ -43,7 +43,7 @@ _payloads = REGISTRY._payloads
 _T, _TL, _S, _STATIC, _GEN = range(5)
 _META = torch.device("meta")
 _DTYPE = torch.dtype
-_PY_NUMBERS = (int, float, bool)
+_PY_NUMBERS = (int, float, bool, complex)
 # executables built with baked-in scalar values before a kernel switches to traced scalars
 _MAX_STATIC_SCALAR_BUILDS = 16
 

@@ -457,6 +457,26 @@ def test_xlogy_and_scalars():
     check(torch.special.xlog1py, x, y)
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda d: torch.ones(3, dtype=torch.complex64, device=d).mul_(1j),
+        lambda d: torch.ones(3, dtype=torch.complex64, device=d).add(1j),
+        lambda d: torch.arange(3.0, device=d) * (2 - 1j),
+        lambda d: torch.arange(3, device=d) * (2 - 1j),
+        lambda d: torch.ones(3, dtype=torch.complex128, device=d) * (1 + 1e-9j),
+        lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, device=d), 3j),
+        lambda d: torch.ones(3, dtype=torch.complex64, device=d) ** (0.5 + 0.5j),
+    ],
+)
+def test_python_complex_scalars(fn):
+    """A Python complex where a tensor goes (`t * 1j`) is a wrapped number, as ints and floats are."""
+    expected = fn("cpu")
+    got = fn("tpu").cpu()
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected)
+
+
 def test_complex64():
     z = torch.randn(3, 4, dtype=torch.complex64, generator=torch.Generator().manual_seed(18))
     w = torch.randn(3, 4, dtype=torch.complex64, generator=torch.Generator().manual_seed(19))

@@ -211,6 +211,26 @@ def test_conjugate_views_of_complex_tensors():
     torch.testing.assert_close((t.conj() * 2).cpu(), z.conj() * 2)
 
 
+def _writes_through_complex_views(dev):
+    x = torch.arange(8, dtype=torch.float32).to(dev) * 1.5
+    x.view(torch.complex64).mul_(torch.tensor(1j, device=dev))  # a complex view of float storage
+    c = torch.view_as_complex(x.view(4, 2))
+    c[1] = 5 + 7j
+    torch.view_as_real(c)[2, 0] = -1
+    return x
+
+
+@pytest.mark.parametrize("mode", ["DEFER_NEVER", "DEFER_AND_FUSE"])
+def test_writes_through_complex_views_of_real_storage(mode):
+    """Writing complex values into float storage bitcasts their (real, imag) pairs: XLA bitcasts no
+    complex type."""
+    torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, mode))
+    try:
+        assert torch.equal(_writes_through_complex_views("tpu").cpu(), _writes_through_complex_views("cpu"))
+    finally:
+        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
+
+
 def test_inplace_result_type_is_checked():
     a = torch.ones(3, dtype=torch.int64, device="tpu")
     with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
