@@ -93,6 +93,31 @@ def test_bucketing_pads_to_few_shapes_and_matches():
             bucketed(input_ids=torch.zeros(1, 20, dtype=torch.long, device="tpu"))
 
 
+def test_bucketing_padding_changes_no_result():
+    """Padding must not change what the caller gets: labels pad with -100 (the loss ignores them), an
+    encoder called without a mask gets one hiding the padding, a positional call pads the same, and
+    only outputs that follow the sequence are cut (BERT's pooler_output is (batch, hidden=64): a
+    64-token bucket must leave it whole)."""
+    import hf_tpu
+
+    llama_cpu, _ = build("llama")
+    bert_cpu, _ = build("bert")
+    llama = hf_tpu.compile(build("llama")[0].to("tpu"), buckets=(8,))
+    bert = hf_tpu.compile(build("bert")[0].to("tpu"), buckets=(64,))
+    ids = torch.randint(0, 256, (2, 5))
+    with torch.no_grad():
+        want, got = llama_cpu(input_ids=ids, labels=ids), llama(input_ids=ids.to("tpu"), labels=ids.to("tpu"))
+        torch.testing.assert_close(got.loss.cpu(), want.loss, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.logits.cpu(), want.logits, atol=1e-4, rtol=1e-4)
+        want = bert_cpu(ids)
+        for got in (bert(ids.to("tpu")), bert(input_ids=ids.to("tpu"))):
+            assert got.pooler_output.shape == want.pooler_output.shape
+            torch.testing.assert_close(
+                got.last_hidden_state.cpu(), want.last_hidden_state, atol=1e-4, rtol=1e-4
+            )
+            torch.testing.assert_close(got.pooler_output.cpu(), want.pooler_output, atol=1e-4, rtol=1e-4)
+
+
 # -- donated buffers: inputs the graph overwrites are updated in place by XLA ----------------------
 def _payload(t):
     from hf_tpu.runtime.storage import REGISTRY
@@ -519,6 +544,8 @@ def test_an_op_without_a_graph_lowering_raises_under_fullgraph_and_runs_eagerly_
         lambda x: torch.nn.functional.bilinear(x[0], x[1], x[2, :3].reshape(3, 4, 1).expand(3, 4, 4)),
         lambda x: torch.linalg.pinv(x[:, :, :3]),
         lambda x: torch.linalg.pinv(x[0] @ x[0].T, hermitian=True),
+        lambda x: torch.nn.functional.instance_norm(x),
+        lambda x: torch.nn.functional.batch_norm(x, None, None, training=True),
     ],
     ids=[
         "diagonal",
@@ -529,6 +556,8 @@ def test_an_op_without_a_graph_lowering_raises_under_fullgraph_and_runs_eagerly_
         "bilinear",
         "pinv",
         "pinv_hermitian",
+        "instance_norm",
+        "batch_norm_without_running_stats",
     ],
 )
 def test_ops_with_graph_lowerings_compile_whole_and_match_cpu(fn):
@@ -537,3 +566,93 @@ def test_ops_with_graph_lowerings_compile_whole_and_match_cpu(fn):
     torch._dynamo.reset()
     got = torch.compile(fn, backend="tpu", fullgraph=True)(x.to("tpu"))
     torch.testing.assert_close(got.cpu(), fn(x), atol=1e-5, rtol=1e-5)
+
+
+def test_interpolate_with_dynamic_sizes_compiles_whole_and_matches_cpu():
+    """Under dynamic shapes the nearest-upsample decomposition divides SymInt-derived scalars with
+    `aten.true_divide`: it needs a graph lowering, or fullgraph=True raises (and otherwise the graph
+    runs op by op)."""
+    fn = torch.compile(
+        lambda x: torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest"),
+        backend="tpu",
+        dynamic=True,
+        fullgraph=True,
+    )
+    for length in (3, 5):
+        x = torch.randn(1, 2, length)
+        torch.testing.assert_close(fn(x.to("tpu")).cpu(), torch.nn.functional.interpolate(x, scale_factor=2))
+
+
+def test_sizes_read_off_intermediates_under_dynamic_shapes_compile_whole():
+    """GPT-2's Conv1D (`x.view(-1, x.size(-1))` then `.view(x.size()[:-1] + (nf,))`) leaves
+    `aten.sym_size.int` of a computed value in the graph once Dynamo makes the length dynamic: it needs
+    a graph lowering, or the whole forward runs op by op (and fullgraph=True raises)."""
+
+    def conv1d_mlp(x, w, b):
+        size_out = x.size()[:-1] + (w.shape[1],)
+        h = torch.nn.functional.gelu(torch.addmm(b, x.view(-1, x.size(-1)), w).view(size_out))
+        size_out = h.size()[:-1] + (w.shape[0],)
+        return torch.addmm(b[:4], h.view(-1, h.size(-1)), w.t()).view(size_out)
+
+    fn = torch.compile(conv1d_mlp, backend="tpu", dynamic=True, fullgraph=True)
+    w, b = torch.randn(4, 8), torch.randn(8)
+    for length in (3, 5):
+        x = torch.randn(2, length, 4, requires_grad=True)
+        want = conv1d_mlp(x, w, b)
+        want.sum().backward()
+        x_tpu = x.detach().to("tpu").requires_grad_()
+        got = fn(x_tpu, w.to("tpu"), b.to("tpu"))
+        got.sum().backward()
+        torch.testing.assert_close(got.detach().cpu(), want.detach())
+        torch.testing.assert_close(x_tpu.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize(
+    "draw, dtype, low, high, mean",
+    [
+        (lambda x: torch.rand(4000, device=x.device), torch.float32, 0, 1, 0.5),
+        (lambda x: torch.rand(4000, device=x.device, dtype=torch.bfloat16), torch.bfloat16, 0, 1, 0.5),
+        (lambda x: torch.rand_like(x), torch.float32, 0, 1, 0.5),
+        (lambda x: torch.randn(4000, device=x.device), torch.float32, None, None, 0.0),
+        (lambda x: torch.randn_like(x, dtype=torch.float64), torch.float64, None, None, 0.0),
+        (lambda x: torch.randint(7, (4000,), device=x.device), torch.int64, 0, 7, 3.0),
+        (
+            lambda x: torch.randint(-3, 5, (4000,), device=x.device, dtype=torch.int32),
+            torch.int32,
+            -3,
+            5,
+            0.5,
+        ),
+        (lambda x: torch.randint_like(x, 9), torch.float32, 0, 9, 4.0),
+        (lambda x: torch.randint_like(x, 2, 9, dtype=torch.int16), torch.int16, 2, 9, 5.0),
+    ],
+    ids=[
+        "rand",
+        "rand_bf16",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_low",
+        "randint_like",
+        "randint_like_low",
+    ],
+)
+def test_random_factories_compile_whole_seeded_and_in_range(draw, dtype, low, high, mean):
+    """`torch.rand/randn/randint(_like)` stay whole in aot_autograd's graphs (noise in a diffusion
+    step, masks): they need graph lowerings, or the whole graph runs op by op (fullgraph=True raises)."""
+    fn = torch.compile(draw, backend="tpu", fullgraph=True)
+    x = torch.zeros(4000, device="tpu")
+    torch.manual_seed(0)
+    first = fn(x).cpu()
+    second = fn(x).cpu()
+    torch.manual_seed(0)
+    assert torch.equal(fn(x).cpu(), first)
+    assert not torch.equal(first, second)
+    assert first.dtype == dtype and first.shape == (4000,)
+    spread = 1.0 if low is None else high - low
+    assert first.double().mean() == pytest.approx(mean, abs=0.05 * spread)
+    if low is None:  # standard normal
+        assert first.double().std() == pytest.approx(1.0, abs=0.1)
+    else:
+        assert first.min() >= low and first.max() < high

@@ -228,6 +228,11 @@ def div(x, other):
     return x / other
 
 
+# CompositeImplicit aliases of div that reach traced graphs unexpanded: a decomposition that works on
+# SymInt-derived values (interpolate's scale under dynamic shapes) emits `true_divide`
+lowers("aten::true_divide.Tensor", "aten::true_divide.Scalar", graph=True)(div)
+
+
 @lowers("aten::div.Tensor_mode", "aten::div.Scalar_mode")
 def div_mode(x, other, rounding_mode=None):
     if rounding_mode is None:

@@ -36,6 +36,18 @@ def view(x, size, *rest):
     return jnp.reshape(x, _shape(x, size))
 
 
+@lowers("aten::sym_size.int", graph=True)
+def sym_size(x, dim):
+    """A size Dynamo left symbolic, read off a value the graph computes: concrete under jit (XLA
+    compiles per shape), so the views and factories that use it get a plain int."""
+    return x.shape[dim]
+
+
+@lowers("aten::sym_numel", graph=True)
+def sym_numel(x):
+    return x.size
+
+
 @lowers("aten::_reshape_alias", graph=True)
 def reshape_alias(x, size, stride):
     return jnp.reshape(x, tuple(size))

@@ -248,6 +248,14 @@ def _native_batch_norm_legit_no_stats(input, weight, bias, training, momentum, e
     return _batch_norm_host(input, weight, bias, None, None, True, momentum, eps, True)
 
 
+@lowers("aten::_native_batch_norm_legit.no_stats", graph=True)
+def _native_batch_norm_legit_no_stats_graph(x, weight, bias, training, momentum, eps):
+    """Batch statistics with no running ones to update (instance norm, a BatchNorm with
+    track_running_stats=False) inside a traced graph: (out, save_mean, save_invstd)."""
+    out, mean, invstd, _, _ = _bn_train(x, weight, bias, None, None, momentum, eps)
+    return out, mean, invstd
+
+
 @lowers("aten::_batch_norm_with_update", kind="host")
 def _batch_norm_with_update(input, weight, bias, running_mean, running_var, momentum, eps):
     out, mean, invstd = _batch_norm_host(

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hf_tpu.runtime.dtypes import to_jax_dtype
+from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lowering_table import TABLE, lowers, resolve
 from hf_tpu.runtime.lowerings.factories import as_torch_dtype
 
@@ -409,3 +409,55 @@ def sample_dirichlet(key, alpha, generator=None):
     ct = jnp.float32 if alpha.dtype in (jnp.bfloat16, jnp.float16) else alpha.dtype
     g = jax.random.gamma(key, alpha.astype(ct), dtype=ct)
     return (g / jnp.sum(g, axis=-1, keepdims=True)).astype(alpha.dtype)
+
+
+# -- random factories in traced graphs -------------------------------------------------------------
+# Eager reaches these as `empty` + an in-place draw (their CompositeExplicit kernels); aot_autograd keeps
+# them whole in a graph (core ATen), so without these the whole graph would run op by op. Each draws
+# what the in-place form draws on a fresh tensor of the result's shape and dtype.
+def _fresh(size, dtype, default):
+    return jnp.zeros(tuple(size), to_jax_dtype(as_torch_dtype(dtype, default)))
+
+
+@lowers("aten::rand", graph=True, random=True)
+def rand_graph(key, size, dtype=None, *rest):
+    return uniform(key, _fresh(size, dtype, torch.get_default_dtype()))
+
+
+@lowers("aten::randn", graph=True, random=True)
+def randn_graph(key, size, dtype=None, *rest):
+    return normal_functional(key, _fresh(size, dtype, torch.get_default_dtype()))
+
+
+@lowers("aten::rand_like", graph=True, random=True)
+def rand_like_graph(key, x, dtype=None, *rest):
+    return uniform(key, _fresh(x.shape, dtype, _torch_dtype(x)))
+
+
+@lowers("aten::randn_like", graph=True, random=True)
+def randn_like_graph(key, x, dtype=None, *rest):
+    return normal_functional(key, _fresh(x.shape, dtype, _torch_dtype(x)))
+
+
+@lowers("aten::randint", graph=True, random=True)
+def randint_graph(key, high, size, dtype=None, *rest):
+    return random_from(key, _fresh(size, dtype, torch.int64), 0, high)
+
+
+@lowers("aten::randint.low", graph=True, random=True)
+def randint_low_graph(key, low, high, size, dtype=None, *rest):
+    return random_from(key, _fresh(size, dtype, torch.int64), low, high)
+
+
+@lowers("aten::randint_like", graph=True, random=True)
+def randint_like_graph(key, x, high, dtype=None, *rest):
+    return random_from(key, _fresh(x.shape, dtype, _torch_dtype(x)), 0, high)
+
+
+@lowers("aten::randint_like.low_dtype", graph=True, random=True)
+def randint_like_low_graph(key, x, low, high, dtype=None, *rest):
+    return random_from(key, _fresh(x.shape, dtype, _torch_dtype(x)), low, high)
+
+
+def _torch_dtype(x) -> torch.dtype:
+    return to_torch_dtype(x.dtype)
