@@ -242,12 +242,13 @@ def _prod(shape):
 
 
 class _Entry:
-    __slots__ = ("fn", "spec", "lazy_avals")
+    __slots__ = ("fn", "spec", "lazy_avals", "op")
 
-    def __init__(self, fn, spec):
+    def __init__(self, fn, spec, op):
         self.fn = fn
         self.spec = spec
         self.lazy_avals = None  # output avals, filled by DeferAndFuse's first recording
+        self.op = op  # the overload, named when a DeferAndFuse flush fails in it
 
 
 _VALUE = object()  # template entry of a tensor passed as its own value
@@ -418,7 +419,7 @@ class OpKernel:
         (alpha=1, eps, scales) never change. A kernel that has seen many distinct values switches to
         traced scalars for good; ints outside int32 always travel as leaves (x64 promotion rules).
         """
-        if self.lowering.static_scalars or type(v) is bool:
+        if self.lowering.static_scalars or type(v) is bool or type(v) is complex:  # complex: always baked
             return False
         if dynamic:
             return True
@@ -591,7 +592,7 @@ class OpKernel:
                     args.append(v)
             return _cast_like(jnp, fn(*args), spec)
 
-        return _Entry(jax.jit(call), spec)
+        return _Entry(jax.jit(call), spec, self.op)
 
     def _run_with_cpu_generator(self, fargs, full):
         """A CPU `torch.Generator` was passed: draw on CPU with it (exact CPU stream), then copy over."""

@@ -45,7 +45,7 @@ _TRACE_ONLY_REFS = _trace_only_refs()
 class LazyValue:
     """A value the current trace will produce: shape and dtype known, data not yet computed."""
 
-    __slots__ = ("shape", "dtype", "ref", "trace", "concrete")
+    __slots__ = ("shape", "dtype", "ref", "trace", "concrete", "error")
 
     def __init__(self, shape, dtype, ref, trace):
         self.shape = shape  # a tuple
@@ -53,6 +53,7 @@ class LazyValue:
         self.ref = ref  # ("v", node, index): how the trace names this value
         self.trace = trace
         self.concrete = None
+        self.error = None  # why it was never computed: its flush failed in an op it depends on
 
     @property
     def ndim(self) -> int:
@@ -96,7 +97,7 @@ def _astype_fn(dtype):
 
 class Trace:
     def __init__(self) -> None:
-        self.ops: list = []  # (fn, arg refs, is_tuple)
+        self.ops: list = []  # (fn, arg refs, is_tuple, holder: what recorded it, or None)
         self.inputs: list = []
         self.input_ids: dict = {}
         # every LazyValue produced, in (node, index) order; liveness is read from reference counts at
@@ -109,7 +110,7 @@ class Trace:
             if arg.concrete is not None:
                 return self.ref(arg.concrete)
             if arg.trace is not self:
-                raise RuntimeError("hf_tpu: a lazy value from an older trace was not materialized")
+                raise lost(arg)
             return arg.ref
         if isinstance(arg, bool | int | float | complex):
             self.inputs.append(arg)
@@ -130,7 +131,7 @@ _trace: Trace | None = None
 _enabled = False
 _aval_cache: dict = {}
 _program_cache: dict = {}
-stats = {"flushes": 0, "cache_hits": 0, "cache_misses": 0, "ops": 0}
+stats = {"flushes": 0, "cache_hits": 0, "cache_misses": 0, "interpreted": 0, "ops": 0}
 
 
 def enabled() -> bool:
@@ -203,7 +204,7 @@ def call(fn, args, holder=None, avals=None):
             trace = _trace = Trace()
         refs = tuple([trace.ref(a) for a in args])
         node = len(trace.ops)
-        trace.ops.append((fn, refs, is_tuple))
+        trace.ops.append((fn, refs, is_tuple, holder))
         values = trace.values
         outs = []
         for i, aval in enumerate(out_avals):
@@ -265,16 +266,32 @@ def maybe_call(fn, args):
 def concrete(value):
     """The computed array behind `value` (flushing the trace if it is still pending)."""
     if isinstance(value, LazyValue):
-        if value.concrete is None:
+        if value.concrete is None and value.error is None:
             flush("value needed on host")
+        if value.concrete is None:
+            raise lost(value)
         return value.concrete
     return value
+
+
+class LostValueError(RuntimeError):
+    """A DeferAndFuse value that was never computed: the op it came from (or an input of it) failed."""
+
+
+def lost(value: LazyValue) -> LostValueError:
+    if value.error is not None:
+        what = getattr(value.error, "hf_tpu_op", "an op")
+        return LostValueError(
+            f"hf_tpu DeferAndFuse: this tensor has no value: it was computed from {what}, which failed when "
+            "its trace ran (that flush raised the error). Tensors not computed from it kept their values."
+        )
+    return LostValueError("hf_tpu: a lazy value from an older trace was not materialized")
 
 
 def _replay(ops, outputs):
     def program(*inputs):
         vals = []
-        for fn, refs, is_tuple in ops:
+        for fn, refs, is_tuple, _ in ops:
             args = []
             for r in refs:
                 if r[0] == "v":
@@ -310,55 +327,200 @@ def flush(reason: str = "explicit") -> None:
         # the inputs' shapes and dtypes are not part of the key: the recorded kernels are specialized to
         # them already, and the jitted program compiles again for inputs of new shapes (~40 us a flush
         # for tiny T5's 53 inputs)
-        key = (tuple((id(fn), refs, is_tuple) for fn, refs, is_tuple in trace.ops), outputs)
+        key = (tuple((id(fn), refs, is_tuple) for fn, refs, is_tuple, _ in trace.ops), outputs)
         program = _program_cache.pop(key, None)
         executables.collect_if_due()  # a safe point: no JAX call under way
         t0 = time.perf_counter()
         compiling0 = executables.compile_seconds()
-        if program is None:
-            jax = platform.jax()
-            program = jax.jit(_replay(trace.ops, outputs))
-            while _program_cache and len(_program_cache) >= MAX_PROGRAMS:
-                del _program_cache[next(iter(_program_cache))]
-        _program_cache[key] = program  # most recently used last
-        compiled = program._cache_size()
-        results = program(*trace.inputs)
-        hit = program._cache_size() == compiled  # no new executable (inputs of new shapes compile one)
-        stats["cache_hits" if hit else "cache_misses"] += 1
+        failure = None
+        if key in _interpret_always or program is None and _interpret_first(key, trace.ops, outputs):
+            results, failure = _run_op_by_op(trace.ops, trace.inputs, outputs, reason)
+            outcome, hit = "new shapes of a known trace: ran op by op", False
+            stats["interpreted"] += 1
+        else:
+            if program is None:
+                jax = platform.jax()
+                program = jax.jit(_replay(trace.ops, outputs))
+                while _program_cache and len(_program_cache) >= MAX_PROGRAMS:
+                    del _program_cache[next(iter(_program_cache))]
+            compiled = program._cache_size()
+            fused_error = None
+            try:
+                results = program(*trace.inputs)
+                _program_cache[key] = program  # most recently used last
+            except Exception as exc:  # noqa: BLE001 - an op failed: find it, keep what does not depend on it
+                fused_error = exc
+            if fused_error is not None:
+                results, failure = _run_op_by_op(trace.ops, trace.inputs, outputs, reason, blocking=True)
+                if failure is None:  # only the fused program failed (out of memory): op by op fit
+                    _interpret_always.add(key)
+                    _warn_fused_failed(fused_error)
+            hit = program._cache_size() == compiled  # no new executable (inputs of new shapes compile one)
+            outcome = "cache hit" if hit else "cache miss"
+            stats["cache_hits" if hit else "cache_misses"] += 1
         _note_miss_streak(hit, trace)
         stats["flushes"] += 1
         platform.last_launched[0] = results
         for lv, arr in zip(live, results):
-            lv.concrete = arr
+            if type(arr) is _Failed:
+                lv.error = arr.error
+            else:
+                lv.concrete = arr
         del live
         REGISTRY.materialize_pending()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
-                "flush (%s): %d ops, %d inputs, %d outputs, cache %s, compile %.1f ms, %.1f ms in all",
+                "flush (%s): %d ops, %d inputs, %d outputs, %s, compile %.1f ms, %.1f ms in all",
                 reason,
                 len(trace.ops),
                 len(trace.inputs),
                 len(outputs),
-                "hit" if hit else "miss",
+                outcome,
                 (executables.compile_seconds() - compiling0) * 1e3,
                 (time.perf_counter() - t0) * 1e3,
             )
+        if failure is not None:
+            raise failure
 
 
-_STORM_AT = 24  # consecutive flushes that each compiled a new executable
+# -- running a trace op by op: new shapes of a known trace, and the recovery when a program fails ------
+_INTERPRET_MIN_OPS = 64  # smaller programs compile about as fast as their new kernels one by one
+# a kernel compiled on its own takes about as long as 8 ops of a fused program (tiny Llama: a 125-op
+# decode step compiles in ~0.5 s, one small kernel in 10-30 ms)
+_OPS_PER_NEW_KERNEL = 8
+_MAX_REMEMBERED = 4096
+_last_kernels: dict = {}  # wiring -> the kernels of its latest trace
+_seen_once: set = set()  # traces run op by op once: the next sight compiles them
+_interpret_always: set = set()  # traces whose fused program failed where their ops one by one did not
+
+
+def _interpret_first(key: tuple, ops: list, outputs: tuple) -> bool:
+    """Should this new trace run op by op instead of compiling a program?
+
+    Yes when it is the same code as the trace before it at a few new shapes: a decode loop whose cache
+    grows every token. Compiling would cost a whole program per step (~0.5 s for a tiny Llama step) to
+    run it once; op by op, only the kernels whose shapes changed compile (the attention over the
+    growing cache), the rest (the layers on a one-token hidden state) are the previous step's: 7 new
+    kernels in a tiny Llama's 125-op step. The wiring (which recorded value feeds which op) is the
+    trace minus its kernels' shapes. When many kernels are new (a training batch of another length: 93
+    of 100), one program compiles faster than its kernels one by one. A trace seen a second time
+    compiles after all: it repeats.
+    """
+    if len(ops) < _INTERPRET_MIN_OPS:
+        return False
+    wiring = hash((tuple(op[1] for op in ops), outputs))
+    kernels = {id(op[0]) for op in ops}
+    before = _last_kernels.get(wiring)
+    if len(_last_kernels) >= _MAX_REMEMBERED:
+        _last_kernels.clear()
+    _last_kernels[wiring] = kernels
+    if before is None or len(kernels - before) * _OPS_PER_NEW_KERNEL > len(ops):
+        return False
+    exact = hash(key)
+    if exact in _seen_once:
+        _seen_once.discard(exact)
+        return False
+    if len(_seen_once) >= _MAX_REMEMBERED:
+        _seen_once.clear()
+    _seen_once.add(exact)
+    return True
+
+
+class _Failed:
+    """In place of the results of an op that failed, and of everything computed from them."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __getitem__(self, index: int) -> _Failed:  # each output of a failed op
+        return self
+
+
+def _run_op_by_op(
+    ops: list, inputs: list, outputs: tuple, reason: str, blocking: bool = False
+) -> tuple[list, BaseException | None]:
+    """Run each recorded kernel on its own (each is a cached jitted function), as Strict would have.
+
+    Returns the outputs (a `_Failed` for each that depends on a failed op) and the error to raise (None
+    when every op ran). Ops that do not depend on a failed one still run: the caller's code went on past
+    the failing op before the flush found it. `blocking` waits for each op, so an error that XLA reports
+    only when the result is read is charged to the op that made it.
+    """
+    jax = platform.jax()
+    vals = []
+    failure = None
+    for fn, refs, is_tuple, holder in ops:
+        args = [vals[r[1]][r[2]] if r[0] == "v" else inputs[r[1]] for r in refs]
+        failed = next((a for a in args if type(a) is _Failed), None)
+        if failed is None:
+            try:
+                out = fn(*args)
+                if blocking:
+                    jax.block_until_ready(out)
+            except Exception as exc:  # noqa: BLE001 - reported, naming the op, once the rest has run
+                if failure is None:
+                    failure = _op_error(holder, fn, exc, reason)
+                failed = _Failed(failure)
+        if failed is not None:
+            vals.append(failed)
+        else:
+            vals.append(tuple(out) if is_tuple else (out,))
+    return [vals[n][i] for n, i in outputs], failure
+
+
+def _op_error(holder, fn, exc: BaseException, reason: str) -> BaseException:
+    """The error a failed recorded op raises at the flush: the op named, out-of-memory as torch's."""
+    from hf_tpu.runtime import memory
+
+    op = getattr(holder, "op", None)
+    what = str(op) if op is not None else f"a recorded tensor read/write ({getattr(fn, '__name__', fn)})"
+    where = f"{what}, recorded under DeferAndFuse and run at a flush ({reason})"
+    if memory.is_jax_oom(exc):
+        error = memory.oom_from_jax(exc, where)
+    else:
+        error = RuntimeError(
+            f"hf_tpu: {where} failed: {type(exc).__name__}: {_gist(exc)}. Tensors computed from it have no value; "
+            "the rest of the trace ran. To see the line that called it, run in Debug mode "
+            "(torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING))."
+        )
+    error.__cause__ = exc
+    error.hf_tpu_op = what
+    return error
+
+
+def _gist(exc: BaseException) -> str:
+    """An error's first line, and its last when it carries a traceback (a host callback's error)."""
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else ""
+    return f"{lines[0]} ... {lines[-1].strip()}"
+
+
+def _warn_fused_failed(exc: BaseException) -> None:
+    warnings.warn(
+        f"hf_tpu DeferAndFuse: a fused program failed ({type(exc).__name__}: {_gist(exc)}); its ops ran "
+        "one by one instead, and all succeeded. The trace runs op by op from now on.",
+        stacklevel=_user_stacklevel(),
+    )
+
+
+_STORM_AT = 24  # consecutive flushes that each compiled (a new program, or kernels at new shapes)
 _streak = {"misses": 0, "warned": False}
 
 
 def _note_miss_streak(hit: bool, trace: Trace) -> None:
     """Warn once when many flushes in a row each compiled: a step whose shapes or op sequence change
-    every time (a growing sequence, a sync at a moving point) pays a compile per step."""
+    every time (a growing sequence, a sync at a moving point) pays a compile per step. A flush run op
+    by op (`_interpret_first`) counts too: its kernels at new shapes compiled."""
     _streak["misses"] = 0 if hit else _streak["misses"] + 1
     if _streak["misses"] < _STORM_AT or _streak["warned"]:
         return
     _streak["warned"] = True
     shapes = [tuple(a.shape) for a in trace.inputs if hasattr(a, "shape")][:4]
     warnings.warn(
-        f"hf_tpu DeferAndFuse: the last {_STORM_AT} flushes each compiled a new program (latest: "
+        f"hf_tpu DeferAndFuse: the last {_STORM_AT} flushes each compiled a new program or kernels (latest: "
         f"{len(trace.ops)} ops, input shapes {shapes}...). Shapes or the op sequence change every step: "
         "pad inputs to a few sizes (a StaticCache for generation, hf_tpu.compile(model, buckets=...)), "
         "or synchronize at the same point of every step (torch.tpu.synchronize()).",

@@ -52,6 +52,22 @@ def test_greedy_with_explicit_dynamic_cache(llama_cpu, llama_tpu):
     assert torch.equal(out, _greedy(model, ids))
 
 
+@pytest.mark.filterwarnings("ignore:hf_tpu DeferAndFuse.*each compiled")
+def test_dynamic_cache_decode_under_defer_and_fuse_runs_new_lengths_op_by_op(llama_cpu, llama_tpu):
+    """Under DeferAndFuse a DynamicCache decode step is the same trace at a new length every token: it
+    runs op by op (only the kernels of the growing attention compile) instead of compiling a whole
+    program per token, and the tokens are CPU's."""
+    from hf_tpu.runtime import lazy
+
+    model, _, ids = llama_cpu
+    expected = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    before = dict(lazy.stats)
+    with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        out = llama_tpu.generate(ids.to("tpu"), max_new_tokens=8, min_new_tokens=8, do_sample=False).cpu()
+    assert torch.equal(out, expected)
+    assert lazy.stats["interpreted"] - before["interpreted"] >= 4
+
+
 def test_sampling_with_a_seed_is_reproducible(llama_tpu, llama_cpu):
     _, _, ids = llama_cpu
 

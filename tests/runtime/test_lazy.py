@@ -4,6 +4,7 @@ import copy
 import logging
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -250,3 +251,103 @@ def test_defer_and_fuse_peak_memory_is_lower_than_strict():
     fused_peak, fused_out = peak(torch.tpu.EagerMode.DEFER_AND_FUSE)
     torch.testing.assert_close(fused_out.cpu(), strict_out.cpu())
     assert fused_peak <= 1 << 20 < strict_peak, (fused_peak, strict_peak)
+
+
+def _failing_exp(fail_times: list):
+    """An `exp` kernel whose lowering fails at run time (a host callback raising, as an execution error
+    would): fails while `fail_times[0]` > 0, counting down."""
+    import jax
+
+    from hf_tpu.runtime import dispatch
+    from hf_tpu.runtime.lowering_table import Lowering, resolve
+
+    def host_exp(a):
+        if fail_times[0] > 0:
+            fail_times[0] -= 1
+            raise ValueError("boom at run time")
+        return np.exp(a)
+
+    def lowering(x):
+        return jax.pure_callback(host_exp, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+    return dispatch.OpKernel(resolve("aten::exp"), Lowering(lowering))
+
+
+def test_a_failed_flush_names_the_op_and_keeps_the_other_values(defer):
+    """An op that fails when its trace runs: the flush raises naming it; values not computed from it
+    (an optimizer-like in-place update recorded before, a product recorded after) keep theirs; values
+    computed from it raise instead of reading garbage; the mode goes on working."""
+    w_cpu = torch.randn(3, 3)
+    p_cpu = torch.randn(3)
+    w, param = w_cpu.to("tpu"), p_cpu.to("tpu")
+    torch.tpu.flush()
+    param.add_(1)
+    failed = _failing_exp([10**9])(w)
+    from_failed = failed * 2
+    after = w * 3
+    with pytest.raises(
+        RuntimeError, match=r"aten\.exp\.default, recorded under DeferAndFuse .*boom at run time"
+    ):
+        torch.tpu.synchronize()
+    torch.testing.assert_close(param.cpu(), p_cpu + 1)
+    torch.testing.assert_close(after.cpu(), w_cpu * 3)
+    for lost in (failed, from_failed):
+        with pytest.raises(lazy.LostValueError, match="computed from aten.exp.default, which failed"):
+            lost.cpu()
+    with pytest.raises(RuntimeError, match=r"aten\.add\.Tensor failed .*computed from aten\.exp\.default"):
+        from_failed + 1
+    torch.testing.assert_close((param * w).sum(0).cpu(), ((p_cpu + 1) * w_cpu).sum(0))
+
+
+def test_a_fused_program_that_fails_where_its_ops_do_not_runs_op_by_op(defer):
+    """The fused program failing where its ops one by one succeed (out of memory on a chip: the ops
+    alone need less at once) completes the flush op by op, warns once, and runs that trace op by op
+    from then on."""
+    w_cpu = torch.randn(4, 4)
+    w = w_cpu.to("tpu")
+    fail_times = [1]
+    kernel = _failing_exp(fail_times)
+    torch.tpu.flush()
+    before = lazy.stats["interpreted"]
+    with pytest.warns(UserWarning, match="its ops ran one by one instead"):
+        got = (kernel(w) + 1).cpu()
+    torch.testing.assert_close(got, w_cpu.exp() + 1)
+    got = (kernel(w) + 1).cpu()  # the same trace again: op by op, no new failure
+    torch.testing.assert_close(got, w_cpu.exp() + 1)
+    assert lazy.stats["interpreted"] == before + 1
+
+
+@pytest.mark.filterwarnings("ignore:hf_tpu DeferAndFuse.*each compiled")  # a new length every step
+def test_new_shapes_of_a_known_trace_run_op_by_op_before_compiling(defer):
+    """A decode-like loop: a step of many ops whose few growing ones change shape every time. After
+    the first program, each new length runs op by op (only the growing kernels compile); the second
+    time a length comes back its trace compiles, and the third time it is a cache hit."""
+    torch.manual_seed(0)
+    layers = [torch.randn(16, 16) / 4 for _ in range(24)]
+    tl = [w.to("tpu") for w in layers]
+
+    def step(h, cache, dev_layers):
+        for w in dev_layers:  # 72 ops on constant shapes
+            h = torch.tanh(h @ w) + h
+        cache = torch.cat([cache, h], 0)  # grows one row per step
+        return h, cache, (cache @ h.t()).softmax(0).sum()
+
+    def run(dev_layers, h, cache, steps):
+        out = []
+        for _ in range(steps):
+            h, cache, s = step(h, cache, dev_layers)
+            out.append(s.item())
+        return out
+
+    h0, c0 = torch.randn(1, 16), torch.randn(2, 16)
+    expected = run(layers, h0, c0, 6)
+    counts = []
+    for _ in range(3):
+        before = dict(lazy.stats)
+        got = run(tl, h0.to("tpu"), c0.to("tpu"), 6)
+        assert got == pytest.approx(expected, rel=1e-4)
+        counts.append({k: lazy.stats[k] - before[k] for k in ("interpreted", "cache_misses", "cache_hits")})
+    first, second, third = counts
+    assert first["interpreted"] >= 4, counts  # every length after the first programs of this wiring
+    assert second["interpreted"] == 0 and second["cache_misses"] >= first["interpreted"], counts
+    assert third == {"interpreted": 0, "cache_misses": 0, "cache_hits": 6}, counts

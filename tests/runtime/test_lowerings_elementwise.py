@@ -477,6 +477,18 @@ def test_python_complex_scalars(fn):
     torch.testing.assert_close(got, expected)
 
 
+def test_python_complex_scalars_after_a_kernel_traces_its_scalars():
+    """A kernel that has seen many distinct scalars takes them as traced inputs; complex ones stay baked
+    into its executables (both sides of the cache key must agree)."""
+    cond, ones = torch.tensor([True, False]), torch.ones(2)
+    c, o = cond.to("tpu"), ones.to("tpu")
+    for v in range(40):
+        torch.where(c, o, v + 0.5)
+        o * (v + 0.25)
+    torch.testing.assert_close(torch.where(c, o, 3j).cpu(), torch.where(cond, ones, 3j))
+    torch.testing.assert_close((o * (2 - 1j)).cpu(), ones * (2 - 1j))
+
+
 def test_complex64():
     z = torch.randn(3, 4, dtype=torch.complex64, generator=torch.Generator().manual_seed(18))
     w = torch.randn(3, 4, dtype=torch.complex64, generator=torch.Generator().manual_seed(19))
