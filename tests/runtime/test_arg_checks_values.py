@@ -466,6 +466,19 @@ def test_one_hot_out_of_range_raises_scatters_error_in_debug_mode():
             F.one_hot(_t([0, -1], "tpu"), 3)
 
 
+def test_assert_async_checks_in_debug_mode_only():
+    """`torch._assert_async` (emitted by torch for value checks that must not sync): Strict does not
+    read the value, Debug mode raises CPU's error."""
+    torch._assert_async(_t([0.0], "tpu"))
+    torch._assert_async(_t([0.0], "tpu"), "custom message")
+    for args, text in (((), "single nonzero value, but got zero"), (("custom message",), "custom message")):
+        _cpu_error(lambda d, args=args: torch._assert_async(_t([0.0], d), *args), RuntimeError, text)
+        with torch.tpu.eager_mode(DEBUG):
+            torch._assert_async(_t([2.0], "tpu"), *args)
+            with pytest.raises(RuntimeError, match=text):
+                torch._assert_async(_t([0.0], "tpu"), *args)
+
+
 def test_repeat_interleave_negative_repeats():
     """Checked in every mode by the host kernel, which reads the repeats anyway."""
     _cpu_error(lambda d: torch.repeat_interleave(_t([1, -1], d)), RuntimeError, "repeats can not be negative")
