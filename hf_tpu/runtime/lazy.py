@@ -333,9 +333,11 @@ def flush(reason: str = "explicit") -> None:
         t0 = time.perf_counter()
         compiling0 = executables.compile_seconds()
         failure = None
-        if key in _interpret_always or program is None and _interpret_first(key, trace.ops, outputs):
+        if (_interpret_always and key in _interpret_always) or (
+            program is None and _interpret_first(key, trace.ops, outputs)
+        ):
             results, failure = _run_op_by_op(trace.ops, trace.inputs, outputs, reason)
-            outcome, hit = "new shapes of a known trace: ran op by op", False
+            outcome, hit = "ran op by op", False
             stats["interpreted"] += 1
         else:
             if program is None:
