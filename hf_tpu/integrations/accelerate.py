@@ -1,4 +1,5 @@
-"""accelerate on tpu: report chip memory to `get_max_memory`, and make `PartialState` pick the tpu device.
+"""accelerate on tpu: report chip memory to `get_max_memory`, make `PartialState` pick the tpu device, and
+keep the tpu generator's state in `Accelerator.save_state`/`load_state` checkpoints.
 
 accelerate lists accelerators by probing cuda/npu/xpu/... one by one and never asks
 `torch.accelerator`, so without this `device_map="auto"` puts every weight on CPU and `Accelerator()`
@@ -9,7 +10,9 @@ accelerate lists accelerators by probing cuda/npu/xpu/... one by one and never a
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
+from pathlib import Path
 from types import ModuleType
 
 import torch
@@ -186,3 +189,61 @@ def patch_state(module: ModuleType) -> None:
 
     default_device.__hf_tpu__ = True
     cls.default_device = property(default_device, doc=prop.__doc__)
+
+
+_TPU_RNG_KEY = "torch_tpu_manual_seed"
+
+
+def _rng_states_file(module: ModuleType, directory, fn, args: tuple, kwargs: dict) -> Path | None:
+    """The generator-state file `save_accelerator_state`/`load_accelerator_state` use for this call."""
+    try:
+        index = inspect.signature(fn).bind_partial(directory, *args, **kwargs).arguments.get("process_index")
+    except TypeError:
+        return None
+    path = Path(directory).joinpath(f"{module.RNG_STATE_NAME}_{index}.pkl")
+    return path if index is not None and path.is_file() else None
+
+
+def patch_checkpointing(module: ModuleType) -> None:
+    """accelerate.checkpointing: `save_accelerator_state` keeps the cpu/cuda/xpu/... generator states but
+    not tpu's, so after `Accelerator.load_state` dropout drew other masks than the saved run would have.
+    Add the tpu states (key "torch_tpu_manual_seed") and restore them. `accelerate.accelerator` imported
+    both functions by name: rebind them there too."""
+    save, load = module.save_accelerator_state, module.load_accelerator_state
+    if not getattr(save, "__hf_tpu__", False):
+        original_save = save
+
+        @functools.wraps(original_save)
+        def save_accelerator_state(output_dir, *args, **kwargs):
+            states = torch.tpu.get_rng_state_all() if tpu_is_accelerator() else None
+            result = original_save(output_dir, *args, **kwargs)
+            path = _rng_states_file(module, output_dir, original_save, args, kwargs)
+            if states is not None and path is not None:
+                saved = module.load(path)
+                saved[_TPU_RNG_KEY] = states
+                torch.save(saved, path)
+            return result
+
+        save_accelerator_state.__hf_tpu__ = True
+        module.save_accelerator_state = save = save_accelerator_state
+
+    if not getattr(load, "__hf_tpu__", False):
+        original_load = load
+
+        @functools.wraps(original_load)
+        def load_accelerator_state(input_dir, *args, **kwargs):
+            result = original_load(input_dir, *args, **kwargs)
+            path = _rng_states_file(module, input_dir, original_load, args, kwargs)
+            if tpu_is_accelerator() and path is not None:
+                states = module.load(path).get(_TPU_RNG_KEY)
+                if states is not None:
+                    torch.tpu.set_rng_state_all(states)
+            return result
+
+        load_accelerator_state.__hf_tpu__ = True
+        module.load_accelerator_state = load = load_accelerator_state
+
+    accelerator = sys.modules.get("accelerate.accelerator")
+    if accelerator is not None:
+        accelerator.save_accelerator_state = save
+        accelerator.load_accelerator_state = load

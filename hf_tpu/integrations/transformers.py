@@ -21,7 +21,9 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
 - `Trainer` (with accelerate's `PartialState` now picking tpu, see `accelerate.py`): `dataloader_pin_memory`
   is turned off on tpu (there is nothing to pin, see runtime/pinned.py: no pinning thread is needed), as
   transformers does for `use_cpu`; the default `adamw_torch_fused` runs the runtime's `_fused_adamw_`
-  (it becomes `adamw_torch` only on a runtime without that kernel).
+  (it becomes `adamw_torch` only on a runtime without that kernel). Checkpoints (`save_steps`) also hold
+  the tpu generator's state under "tpu" and `resume_from_checkpoint` restores it (transformers saves only
+  the cuda/npu/hpu/... ones), so a resumed run with dropout draws the masks an uninterrupted one would.
 - testing_utils' memory tables point at `torch.tpu`, and its device count is 1 (tests address devices by
   index; every chip is behind `tpu:0`).
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import os
 import sys
 import threading
 from types import ModuleType
@@ -429,6 +432,53 @@ def patch_training_args(module: ModuleType) -> None:
 
     __post_init__.__hf_tpu__ = True
     cls.__post_init__ = __post_init__
+
+
+def _rng_state_file(trainer, directory: str) -> str:
+    """Where `Trainer._save_rng_state`/`_load_rng_state` keep the generator states of this process."""
+    name = "rng_state.pth" if trainer.args.world_size <= 1 else f"rng_state_{trainer.args.process_index}.pth"
+    return os.path.join(directory, name)
+
+
+def _load_rng_states(module: ModuleType, path: str) -> dict:
+    safe = getattr(module, "safe_globals", contextlib.nullcontext)  # allowlists numpy's random state
+    with safe():
+        return torch.load(path, weights_only=True)
+
+
+def patch_trainer(module: ModuleType) -> None:
+    """transformers.trainer: checkpoints save and restore the tpu generator (key "tpu") next to the
+    cpu/cuda/npu/... states Trainer keeps; without it a resumed run drew other dropout masks."""
+    cls = module.Trainer
+    save, load = cls.__dict__.get("_save_rng_state"), cls.__dict__.get("_load_rng_state")
+    if save is None or load is None or getattr(save, "__hf_tpu__", False):
+        return
+
+    @functools.wraps(save)
+    def _save_rng_state(self, output_dir: str) -> None:
+        state = torch.tpu.get_rng_state() if self.args.device.type == "tpu" else None
+        save(self, output_dir)
+        path = _rng_state_file(self, output_dir)
+        if state is None or not os.path.isfile(path):
+            return
+        states = _load_rng_states(module, path)
+        states["tpu"] = state
+        torch.save(states, path)
+
+    @functools.wraps(load)
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        load(self, checkpoint)
+        if checkpoint is None or self.args.device.type != "tpu":
+            return
+        path = _rng_state_file(self, checkpoint)
+        if not os.path.isfile(path):
+            return
+        state = _load_rng_states(module, path).get("tpu")
+        if state is not None:
+            torch.tpu.set_rng_state(state)
+
+    _save_rng_state.__hf_tpu__ = _load_rng_state.__hf_tpu__ = True
+    cls._save_rng_state, cls._load_rng_state = _save_rng_state, _load_rng_state
 
 
 def _has_lowering(op: str) -> bool:

@@ -18,9 +18,10 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
-def _train(tmp_path, use_cpu: bool, tie: bool = False, **extra):
+def _train(tmp_path, use_cpu: bool, tie: bool = False, dropout: float = 0.0, resume=None, **extra):
     torch.manual_seed(0)
     config = LlamaConfig(
+        attention_dropout=dropout,
         tie_word_embeddings=tie,
         vocab_size=128,
         hidden_size=32,
@@ -31,7 +32,7 @@ def _train(tmp_path, use_cpu: bool, tie: bool = False, **extra):
         max_position_embeddings=64,
     )
     model = LlamaForCausalLM(config)
-    args = TrainingArguments(
+    kwargs = dict(
         output_dir=str(tmp_path / ("cpu" if use_cpu else "tpu")),
         use_cpu=use_cpu,
         max_steps=3,
@@ -42,10 +43,10 @@ def _train(tmp_path, use_cpu: bool, tie: bool = False, **extra):
         save_strategy="no",
         disable_tqdm=True,
         seed=0,
-        **extra,
     )
+    args = TrainingArguments(**{**kwargs, **extra})
     trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return trainer, model, losses
 
@@ -109,3 +110,30 @@ def test_trainer_under_defer_and_fuse_matches_cpu(tmp_path):
     assert losses == pytest.approx(cpu_losses, abs=1e-4)
     for (name, p), q in zip(model.named_parameters(), cpu_model.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_resumed_trainer_with_dropout_continues_like_an_uninterrupted_run(tmp_path):
+    """Checkpoints hold the tpu generator's state and `resume_from_checkpoint` restores it: transformers
+    saves only cpu/cuda/npu/... states, so the resumed steps drew other dropout masks (other losses)."""
+    extra = dict(max_steps=4, save_strategy="steps", save_steps=2, dropout=0.3)
+    _, full_model, full_losses = _train(tmp_path / "full", use_cpu=False, **extra)
+    checkpoint = tmp_path / "full" / "tpu" / "checkpoint-2"
+    assert "tpu" in torch.load(checkpoint / "rng_state.pth", weights_only=False)
+    _, model, losses = _train(tmp_path / "resumed", use_cpu=False, resume=str(checkpoint), **extra)
+    assert losses[-2:] == pytest.approx(full_losses[-2:], abs=1e-6)
+    for (name, p), q in zip(model.named_parameters(), full_model.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach().cpu(), atol=1e-6, rtol=1e-6, msg=name)
+
+
+def test_accelerator_load_state_restores_the_tpu_generator(tmp_path):
+    """`Accelerator.save_state`/`load_state` keep the tpu generator's state with the cpu/cuda ones."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator()
+    assert accelerator.device.type == "tpu"
+    dropout = torch.nn.Dropout(0.5)
+    x = torch.ones(64, device=accelerator.device)
+    accelerator.save_state(str(tmp_path))
+    first = dropout(x).cpu()
+    accelerator.load_state(str(tmp_path))
+    torch.testing.assert_close(dropout(x).cpu(), first, atol=0, rtol=0)

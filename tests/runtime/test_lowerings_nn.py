@@ -530,6 +530,45 @@ def test_loss_autograd():
     check_grad(lambda a, b: F.huber_loss(a, b, delta=0.5), [randn(4, 5), randn(4, 5, seed=1)])
 
 
+MULTILABEL_TARGET = torch.tensor([[3, 0, -1, 1, 1], [1, 2, 4, -1, 0], [0, 1, 2, 3, 4], [-1, 1, 2, 3, 4]])
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multilabel_margin_loss_stops_at_the_first_minus_one(reduction):
+    """torch._decomp's multilabel_margin_loss_forward (what tpu ran) also counted the slots after a row's
+    first -1, as target 0: a row with no targets got a loss, others too much (upstream pytorch#141017)."""
+    check_grad(
+        lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction).sum(),
+        [randn(4, 5)],
+        constants=[MULTILABEL_TARGET],
+    )
+    check(torch.ops.aten.multilabel_margin_loss_forward, randn(4, 5), MULTILABEL_TARGET, 0)  # is_target too
+    check_grad(  # .sum(): the meta kernel (that decomposition) says [1] where CPU gives [] for 1-D "none"
+        lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction).sum(),
+        [randn(5)],
+        constants=[MULTILABEL_TARGET[1]],
+    )
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multi_margin_loss_backward(reduction):
+    target = torch.tensor([0, 4, 2, 2])
+    weight = torch.rand(5, generator=_gen(1)) + 0.5
+    check_grad(lambda x, t: F.multi_margin_loss(x, t, reduction=reduction), [randn(4, 5)], constants=[target])
+    check_grad(
+        lambda x, t, w: F.multi_margin_loss(x, t, p=2, margin=0.7, weight=w, reduction=reduction),
+        [randn(4, 5)],
+        constants=[target, weight],
+    )
+    check_grad(  # 1-D "none": the decomposition's meta says [1] where CPU says [], as for multilabel
+        lambda x, t: F.multi_margin_loss(x, t, reduction=reduction).sum(), [randn(5)], constants=[target[1]]
+    )
+    ties = torch.tensor(
+        [[0.0, 1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0, 0.0]]
+    )  # hinge exactly 0: no gradient
+    check_grad(lambda x, t: F.multi_margin_loss(x, t), [ties], constants=[torch.tensor([0, 0])])
+
+
 # -- scaled dot-product attention -----------------------------------------------------------------------
 @pytest.fixture
 def fused_calls(monkeypatch):

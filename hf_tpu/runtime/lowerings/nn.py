@@ -12,6 +12,7 @@ Conventions shared by this family:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -770,6 +771,67 @@ def nll_loss2d_backward(grad_output, x, target, weight, reduction, ignore_index,
     flat = _nll_grad(g, _class_last(x), target.reshape(-1), weight, reduction, ignore_index, total_weight)
     spatial = x.shape[2:]
     return jnp.moveaxis(flat.reshape((x.shape[0],) + spatial + (x.shape[1],)), -1, 1)
+
+
+def _multi_margin(x, target, p, margin, weight, reduction):
+    """sum over j != y of w[y] max(0, margin - x[y] + x[j])^p / C per row (a 1-D input is one row); the
+    hinge's gradient is 0 where it is exactly 0, as PyTorch's kernels."""
+    rows = _upcast(x).reshape(-1, x.shape[-1])
+    t = target.reshape(-1).astype(jnp.int32)
+    z = margin - jnp.take_along_axis(rows, t[:, None], axis=1) + rows
+    z = jnp.where(z > 0, z, 0)
+    if p == 2:
+        z = z * z
+    if weight is not None:
+        z = z * _upcast(weight)[t][:, None]
+    z = jnp.where(jnp.arange(rows.shape[1])[None, :] == t[:, None], 0, z)
+    return _reduce(jnp.sum(z, axis=1) / rows.shape[1], reduction)
+
+
+@lowers("aten::multi_margin_loss_backward", static_scalars=True)
+def multi_margin_loss_backward(grad_output, x, target, p, margin, weight=None, reduction=_MEAN):
+    fn = functools.partial(
+        _multi_margin, target=target, p=p, margin=margin, weight=weight, reduction=reduction
+    )
+    out = jax.eval_shape(fn, _upcast(x))
+    return _pullback(fn, _upcast(x), grad_output.reshape(out.shape)).astype(x.dtype)
+
+
+def _multilabel_targets(target, c):
+    """(rows of target indices, mask of the ones before each row's first -1)."""
+    t = target.reshape(-1, c)
+    return t, jnp.cumprod(t >= 0, axis=1).astype(bool)
+
+
+def _multilabel_margin(x, target, is_target, reduction):
+    """Row i: sum over its targets y (those before the first -1) and the non-targets k of
+    max(0, 1 - (x[y] - x[k])) / C; a 1-D (or 0-d) input is one row."""
+    c = x.shape[-1] if x.ndim else 1
+    rows = _upcast(x).reshape(-1, c)
+    t, valid = _multilabel_targets(target, c)
+    picked = jnp.take_along_axis(rows, jnp.where(valid, t, 0).astype(jnp.int32), axis=1)
+    z = 1 - picked[:, :, None] + rows[:, None, :]
+    keep = valid[:, :, None] & (is_target.reshape(-1, c) == 0)[:, None, :] & (z > 0)
+    loss = jnp.sum(jnp.where(keep, z, 0), axis=(1, 2)) / c
+    return _reduce(loss.reshape(()) if x.ndim <= 1 else loss, reduction)
+
+
+@lowers("aten::multilabel_margin_loss_forward")
+def multilabel_margin_loss_forward(x, target, reduction):
+    """Lowered directly: torch._decomp's version also counts the slots after a row's first -1 (as target
+    0), so it disagreed with PyTorch's CPU kernel whenever a row had fewer targets than classes."""
+    c = x.shape[-1] if x.ndim else 1
+    t, valid = _multilabel_targets(target, c)
+    hits = (t[:, :, None] == jnp.arange(c)[None, None, :]) & valid[:, :, None]
+    is_target = jnp.any(hits, axis=1).reshape(target.shape).astype(x.dtype)
+    return _multilabel_margin(x, target, is_target, reduction), is_target
+
+
+@lowers("aten::multilabel_margin_loss_backward")
+def multilabel_margin_loss_backward(grad_output, x, target, reduction, is_target):
+    fn = functools.partial(_multilabel_margin, target=target, is_target=is_target, reduction=reduction)
+    out = jax.eval_shape(fn, _upcast(x))
+    return _pullback(fn, _upcast(x), grad_output.reshape(out.shape)).astype(x.dtype)
 
 
 @lowers("aten::_weight_norm_interface_backward")
