@@ -7,7 +7,7 @@ or at once if that module is already imported. So import order never matters, an
 not pay for `import transformers`.
 
 Which module gets which patch is the `HOOKS` table below; the patches live in `accelerate.py`,
-`transformers.py`, `diffusers.py` and `torch_dynamo.py` next to this file.
+`transformers.py`, `diffusers.py`, `safetensors_torch.py` and `torch_dynamo.py` next to this file.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "diffusers.pipelines.pipeline_utils": ("diffusers:patch_pipeline_utils",),
     "diffusers.models.modeling_utils": ("diffusers:rebind_determine_device_map",),
     "diffusers.loaders.single_file_model": ("diffusers:rebind_determine_device_map",),
+    "safetensors.torch": ("safetensors_torch:patch_safetensors_torch",),
     "torch._dynamo.backends.registry": ("torch_dynamo:register_tpu_backend",),
     "torch._dynamo.trace_rules": ("torch_dynamo:keep_out_of_the_runtime",),
 }

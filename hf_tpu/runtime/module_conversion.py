@@ -2,13 +2,13 @@
 
 `Module._apply` converts a parameter in place (`param.data = new`) only when c10 calls the two tensor
 types shallow-copy compatible, which it does for its built-in dense backends (CPU, CUDA, MPS, HIP, XPU,
-HPU) and not for PrivateUse1. Moving to or from tpu therefore makes a new Parameter per submodule
-entry: a tied weight (an embedding shared with the LM head, T5's `shared`) was converted once per
-place it appears and came out as two independent Parameters, so training updated them apart. After
-the outermost `_apply`, every place that held one tensor holds one converted tensor again.
-
-(Parameter identity still changes across tpu <-> CPU moves, as for any backend without shallow-copy
-support: build optimizers after moving the model, as PyTorch's documentation advises.)
+HPU) and, for PrivateUse1, when the backend answers `aten::_has_compatible_shallow_copy_type` itself
+(registration.py does, so parameters keep their identity across tpu <-> CPU moves, as on CUDA).
+Otherwise (`torch.__future__.set_overwrite_module_params_on_conversion(True)`, or before that op was
+registered) moving makes a new Parameter per submodule entry: a tied weight (an embedding shared with
+the LM head, T5's `shared`) was converted once per place it appears and came out as two independent
+Parameters, so training updated them apart. After the outermost `_apply`, every place that held one
+tensor holds one converted tensor again.
 """
 
 from __future__ import annotations

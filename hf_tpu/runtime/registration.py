@@ -61,6 +61,11 @@ def register() -> None:
         fallback_lib = torch.library.Library("_", "IMPL")
         fallback_lib.fallback(dispatch.outside_dynamo(dispatch.fallback), "PrivateUse1")
         _libs.append(fallback_lib)
+        shallow_copy_lib = torch.library.Library("aten", "IMPL")
+        shallow_copy_lib.impl(
+            "_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1"
+        )
+        _libs.append(shallow_copy_lib)
         from hf_tpu.runtime import accelerator_api, autocast, module_conversion, pinned, printing, storage_api
 
         autocast.register()
@@ -73,6 +78,25 @@ def register() -> None:
     from hf_tpu.runtime import upstream_caches
 
     upstream_caches.refresh()
+
+
+# c10's own list of dense backends whose tensors can take each other's data (TensorImpl.h), plus tpu
+_DENSE_DEVICE_TYPES = frozenset({"cpu", "cuda", "mps", "hip", "xpu", "hpu", "mtia", "tpu"})
+
+
+def _has_compatible_shallow_copy_type(self: torch.Tensor, other: torch.Tensor) -> bool:
+    """`t.data = other` between tpu and CPU, as between CUDA and CPU.
+
+    c10 answers this for its built-in dense backends only and leaves PrivateUse1 to the backend (the op
+    is how a backend says so). Without it, `variable.set_data` refused every cpu <-> tpu pair: diffusers'
+    group offloading (`param.data = param.data.to(onload_device)`), and any user code that moves a
+    parameter in place, failed with "incompatible tensor type". Same rule as c10's: the same dispatch
+    keys, or two strided tensors on dense backends. With it, `Module.to("tpu")` also converts parameters
+    in place (their identity survives the move, as on CUDA).
+    """
+    if torch._C._dispatch_keys(self) == torch._C._dispatch_keys(other):
+        return True
+    return all(t.layout == torch.strided and t.device.type in _DENSE_DEVICE_TYPES for t in (self, other))
 
 
 def _handle_conflict(owner: str | None) -> None:

@@ -55,3 +55,22 @@ def test_pipeline_balanced_places_components_on_tpu(unet_path, tmp_path):
     pipe = DiffusionPipeline.from_pretrained(tmp_path, device_map="balanced")
     assert pipe.hf_device_map == {"unet": 0}
     assert all_on(pipe.unet, "tpu")
+
+
+@pytest.mark.parametrize(
+    "device", ["tpu", "tpu:0", torch.device("tpu")], ids=["str", "str_index", "torch_device"]
+)
+def test_safetensors_load_file_onto_tpu(tmp_path, device):
+    """safetensors parses device names itself and refused "tpu" (diffusers' disk group offloading
+    reloads with `load_file(path, device=onload_device)`)."""
+    import safetensors.torch
+
+    path = str(tmp_path / "w.safetensors")
+    tensors = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([1, 2], dtype=torch.int64)}
+    safetensors.torch.save_file(tensors, path)
+    loaded = safetensors.torch.load_file(path, device=device)
+    assert loaded.keys() == tensors.keys()
+    for name, tensor in tensors.items():
+        assert loaded[name].device.type == "tpu" and loaded[name].dtype == tensor.dtype
+        assert torch.equal(loaded[name].cpu(), tensor)
+    assert safetensors.torch.load_file(path)["a"].device.type == "cpu"

@@ -132,6 +132,27 @@ def test_stable_diffusion_offloaded_to_tpu_matches_cpu(sd, offload):
     _assert_images_match(_generate(pipe), expected)
 
 
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"offload_type": "block_level", "num_blocks_per_group": 1},
+        {"offload_type": "leaf_level", "use_stream": True},
+        {"offload_type": "block_level", "num_blocks_per_group": 1, "offload_to_disk_path": "disk"},
+    ],
+    ids=["block_level", "leaf_level_stream", "block_level_disk"],
+)
+def test_stable_diffusion_group_offloaded_to_tpu_matches_cpu(sd, kwargs, tmp_path):
+    """Group offloading moves each weight with `param.data = param.data.to(onload_device)`: refused
+    between CPU and tpu until the backend answered `_has_compatible_shallow_copy_type`."""
+    path, expected = sd
+    pipe = _load(path)
+    if "offload_to_disk_path" in kwargs:
+        kwargs = {**kwargs, "offload_to_disk_path": str(tmp_path / kwargs["offload_to_disk_path"])}
+    pipe.enable_group_offload(onload_device=torch.device("tpu"), **kwargs)
+    _assert_images_match(_generate(pipe), expected)
+    assert pipe.unet.conv_in.weight.device.type == "cpu"  # offloaded again after the forward
+
+
 def test_unconditional_ddim_with_a_compiled_unet_matches_cpu():
     from diffusers import DDIMPipeline, DDIMScheduler, UNet2DModel
 

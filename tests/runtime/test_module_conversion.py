@@ -72,3 +72,43 @@ def test_cpu_only_conversions_are_unchanged():
     model.double()
     assert model.emb.weight is weight and model.head.weight is weight  # set_data, as without hf_tpu
     assert weight.dtype == torch.float64
+
+
+def test_data_assignment_moves_a_tensor_between_cpu_and_tpu_in_place():
+    """`param.data = other_device_tensor` works as between CPU and CUDA (c10 leaves the answer to a
+    PrivateUse1 backend; unanswered, `set_data` refused every cpu <-> tpu pair)."""
+    param = torch.nn.Parameter(torch.randn(3))
+    values = torch.arange(3.0)
+    param.data = values.to("tpu")
+    assert param.device.type == "tpu" and param.requires_grad and isinstance(param, torch.nn.Parameter)
+    (param * 2).sum().backward()
+    torch.testing.assert_close(param.grad.cpu(), torch.full((3,), 2.0))
+    param.data = param.data.cpu()
+    assert param.device.type == "cpu"
+    torch.testing.assert_close(param.detach(), values)
+    assert torch._has_compatible_shallow_copy_type(values, values.to("tpu"))
+    assert not torch._has_compatible_shallow_copy_type(values.to("tpu"), torch.empty(3, device="meta"))
+
+
+def test_moving_a_module_keeps_its_parameters_and_an_optimizer_built_before():
+    model = torch.nn.Linear(4, 2)
+    weight = model.weight
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("tpu")
+    assert model.weight is weight and weight.device.type == "tpu"
+    model(torch.randn(3, 4, device="tpu")).sum().backward()
+    opt.step()  # updates the moved parameter: the optimizer holds that very object
+    model.cpu()
+    assert model.weight is weight and weight.device.type == "cpu" and weight.grad.device.type == "cpu"
+
+
+def test_tied_parameters_stay_tied_when_conversion_overwrites_parameters():
+    previous = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        model = Tied()
+        model.to("tpu")
+        assert model.head.weight is model.emb.weight and model.emb.weight.device.type == "tpu"
+        assert model.inner.scale is model.scale
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(previous)
