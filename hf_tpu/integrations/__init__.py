@@ -39,6 +39,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "diffusers.pipelines.pipeline_utils": ("diffusers:patch_pipeline_utils",),
     "diffusers.models.modeling_utils": ("diffusers:rebind_determine_device_map",),
     "diffusers.loaders.single_file_model": ("diffusers:rebind_determine_device_map",),
+    "safetensors": ("safetensors_torch:patch_safe_open",),
     "safetensors.torch": ("safetensors_torch:patch_safetensors_torch",),
     "torch._dynamo.backends.registry": ("torch_dynamo:register_tpu_backend",),
     "torch._dynamo.trace_rules": ("torch_dynamo:keep_out_of_the_runtime",),

@@ -74,3 +74,21 @@ def test_safetensors_load_file_onto_tpu(tmp_path, device):
         assert loaded[name].device.type == "tpu" and loaded[name].dtype == tensor.dtype
         assert torch.equal(loaded[name].cpu(), tensor)
     assert safetensors.torch.load_file(path)["a"].device.type == "cpu"
+
+
+def test_safe_open_onto_tpu_and_accelerate_mixed_device_maps(tmp_path):
+    """`safe_open(..., device="tpu")`: accelerate's `load_state_dict` opens the file once per device
+    when a device map mixes "tpu" and "cpu" (it refused "tpu" as a device name)."""
+    import safetensors
+    from accelerate.utils.modeling import load_state_dict
+
+    path = str(tmp_path / "w.safetensors")
+    tensors = {"0.weight": torch.randn(4, 4), "1.weight": torch.randn(2, 4)}
+    safetensors.torch.save_file(tensors, path, metadata={"format": "pt"})
+    with safetensors.safe_open(path, framework="pt", device="tpu") as f:
+        assert sorted(f.keys()) == sorted(tensors) and f.metadata() == {"format": "pt"}
+        got = f.get_tensor("0.weight")
+        assert got.device.type == "tpu" and torch.equal(got.cpu(), tensors["0.weight"])
+    loaded = load_state_dict(path, device_map={"0": "tpu", "1": "cpu"})
+    assert {k: v.device.type for k, v in loaded.items()} == {"0.weight": "tpu", "1.weight": "cpu"}
+    assert all(torch.equal(loaded[k].cpu(), v) for k, v in tensors.items())
