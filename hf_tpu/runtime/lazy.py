@@ -45,7 +45,7 @@ _TRACE_ONLY_REFS = _trace_only_refs()
 class LazyValue:
     """A value the current trace will produce: shape and dtype known, data not yet computed."""
 
-    __slots__ = ("shape", "dtype", "ref", "trace", "concrete", "error")
+    __slots__ = ("shape", "dtype", "ref", "trace", "concrete", "failed_op")
 
     def __init__(self, shape, dtype, ref, trace):
         self.shape = shape  # a tuple
@@ -53,7 +53,9 @@ class LazyValue:
         self.ref = ref  # ("v", node, index): how the trace names this value
         self.trace = trace
         self.concrete = None
-        self.error = None  # why it was never computed: its flush failed in an op it depends on
+        # the op (its name) whose failure at a flush left this value uncomputed: a name, not the error,
+        # whose traceback would keep the failed trace's inputs and intermediates alive
+        self.failed_op = None
 
     @property
     def ndim(self) -> int:
@@ -266,7 +268,7 @@ def maybe_call(fn, args):
 def concrete(value):
     """The computed array behind `value` (flushing the trace if it is still pending)."""
     if isinstance(value, LazyValue):
-        if value.concrete is None and value.error is None:
+        if value.concrete is None and value.failed_op is None:
             flush("value needed on host")
         if value.concrete is None:
             raise lost(value)
@@ -279,11 +281,11 @@ class LostValueError(RuntimeError):
 
 
 def lost(value: LazyValue) -> LostValueError:
-    if value.error is not None:
-        what = getattr(value.error, "hf_tpu_op", "an op")
+    if value.failed_op is not None:
         return LostValueError(
-            f"hf_tpu DeferAndFuse: this tensor has no value: it was computed from {what}, which failed when "
-            "its trace ran (that flush raised the error). Tensors not computed from it kept their values."
+            f"hf_tpu DeferAndFuse: this tensor has no value: it was computed from {value.failed_op}, which "
+            "failed when its trace ran (that flush raised the error). Tensors not computed from it kept "
+            "their values."
         )
     return LostValueError("hf_tpu: a lazy value from an older trace was not materialized")
 
@@ -332,12 +334,14 @@ def flush(reason: str = "explicit") -> None:
         executables.collect_if_due()  # a safe point: no JAX call under way
         t0 = time.perf_counter()
         compiling0 = executables.compile_seconds()
+        compiles0 = executables.stats["compiles"]
         failure = None
         if (_interpret_always and key in _interpret_always) or (
             program is None and _interpret_first(key, trace.ops, outputs)
         ):
             results, failure = _run_op_by_op(trace.ops, trace.inputs, outputs, reason)
-            outcome, hit = "ran op by op", False
+            outcome = "ran op by op"
+            hit = executables.stats["compiles"] == compiles0  # every kernel had run at these shapes before
             stats["interpreted"] += 1
         else:
             if program is None:
@@ -365,9 +369,10 @@ def flush(reason: str = "explicit") -> None:
         platform.last_launched[0] = results
         for lv, arr in zip(live, results):
             if type(arr) is _Failed:
-                lv.error = arr.error
+                lv.failed_op = arr.op
             else:
                 lv.concrete = arr
+            lv.trace = None  # a lost value stays in its payload: it must not keep the trace's inputs
         del live
         REGISTRY.materialize_pending()
         if log.isEnabledFor(logging.DEBUG):
@@ -431,10 +436,10 @@ def _interpret_first(key: tuple, ops: list, outputs: tuple) -> bool:
 class _Failed:
     """In place of the results of an op that failed, and of everything computed from them."""
 
-    __slots__ = ("error",)
+    __slots__ = ("op",)
 
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+    def __init__(self, op: str) -> None:
+        self.op = op  # the failed op's name
 
     def __getitem__(self, index: int) -> _Failed:  # each output of a failed op
         return self
@@ -451,9 +456,22 @@ def _run_op_by_op(
     only when the result is read is charged to the op that made it.
     """
     jax = platform.jax()
-    vals = []
+    # after which op each node's values are dropped (its last reader; never, for an output): op by op,
+    # like Strict, holds an intermediate only while something still reads it
+    last_read = list(range(len(ops)))
+    for k, (_, refs, _, _) in enumerate(ops):
+        for r in refs:
+            if r[0] == "v":
+                last_read[r[1]] = k
+    for n, _ in outputs:
+        last_read[n] = len(ops)
+    drop_after: list = [[] for _ in ops]
+    for n, k in enumerate(last_read):
+        if k < len(ops):
+            drop_after[k].append(n)
+    vals: list = []
     failure = None
-    for fn, refs, is_tuple, holder in ops:
+    for k, (fn, refs, is_tuple, holder) in enumerate(ops):
         args = [vals[r[1]][r[2]] if r[0] == "v" else inputs[r[1]] for r in refs]
         failed = next((a for a in args if type(a) is _Failed), None)
         if failed is None:
@@ -464,11 +482,13 @@ def _run_op_by_op(
             except Exception as exc:  # noqa: BLE001 - reported, naming the op, once the rest has run
                 if failure is None:
                     failure = _op_error(holder, fn, exc, reason)
-                failed = _Failed(failure)
+                failed = _Failed(_op_name(holder, fn))
         if failed is not None:
             vals.append(failed)
         else:
             vals.append(tuple(out) if is_tuple else (out,))
+        for n in drop_after[k]:
+            vals[n] = None
     return [vals[n][i] for n, i in outputs], failure
 
 
@@ -476,8 +496,7 @@ def _op_error(holder, fn, exc: BaseException, reason: str) -> BaseException:
     """The error a failed recorded op raises at the flush: the op named, out-of-memory as torch's."""
     from hf_tpu.runtime import memory
 
-    op = getattr(holder, "op", None)
-    what = str(op) if op is not None else f"a recorded tensor read/write ({getattr(fn, '__name__', fn)})"
+    what = _op_name(holder, fn)
     where = f"{what}, recorded under DeferAndFuse and run at a flush ({reason})"
     if memory.is_jax_oom(exc):
         error = memory.oom_from_jax(exc, where)
@@ -488,8 +507,12 @@ def _op_error(holder, fn, exc: BaseException, reason: str) -> BaseException:
             "(torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING))."
         )
     error.__cause__ = exc
-    error.hf_tpu_op = what
     return error
+
+
+def _op_name(holder, fn) -> str:
+    op = getattr(holder, "op", None)
+    return str(op) if op is not None else f"a recorded tensor read/write ({getattr(fn, '__name__', fn)})"
 
 
 def _gist(exc: BaseException) -> str:
@@ -515,7 +538,7 @@ _streak = {"misses": 0, "warned": False}
 def _note_miss_streak(hit: bool, trace: Trace) -> None:
     """Warn once when many flushes in a row each compiled: a step whose shapes or op sequence change
     every time (a growing sequence, a sync at a moving point) pays a compile per step. A flush run op
-    by op (`_interpret_first`) counts too: its kernels at new shapes compiled."""
+    by op counts when it compiled a kernel (at new shapes, `_interpret_first`)."""
     _streak["misses"] = 0 if hit else _streak["misses"] + 1
     if _streak["misses"] < _STORM_AT or _streak["warned"]:
         return

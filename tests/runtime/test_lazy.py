@@ -351,3 +351,92 @@ def test_new_shapes_of_a_known_trace_run_op_by_op_before_compiling(defer):
     assert first["interpreted"] >= 4, counts  # every length after the first programs of this wiring
     assert second["interpreted"] == 0 and second["cache_misses"] >= first["interpreted"], counts
     assert third == {"interpreted": 0, "cache_misses": 0, "cache_hits": 6}, counts
+
+
+def _live_mib() -> float:
+    """MiB of live JAX arrays, once dead tensors' payloads are dropped."""
+    import gc
+
+    import jax
+
+    from hf_tpu.runtime.storage import REGISTRY
+
+    gc.collect()
+    REGISTRY.sweep()
+    return sum(a.nbytes for a in jax.live_arrays()) / 2**20
+
+
+def test_a_lost_tensor_does_not_keep_its_failed_trace_alive(defer, monkeypatch):
+    """Values lost in a failed flush stay in their payloads (a gradient in `.grad`, an optimizer state
+    updated from it): they must not hold the failed trace's intermediates (they keep the failed op's
+    name, not the error, whose traceback holds them) nor its inputs (the state's superseded array)."""
+    # the failing kernel's host callback logs its error, and pytest keeps log records: their tracebacks
+    # hold the flush's frames
+    monkeypatch.setattr(logging.getLogger("jax._src.callback"), "disabled", True)
+    w = torch.randn(256, 1024, device="tpu")  # 1 MiB
+    state = torch.randn(256, 1024, device="tpu")
+    torch.tpu.flush()
+    base = _live_mib()
+    h = w
+    for _ in range(16):  # 32 MiB of intermediates
+        h = torch.tanh(h * 1.5 + 0.25)
+    bad = _failing_exp([10**9])(torch.ones(2, device="tpu")).sum()
+    lost = h * bad
+    state.mul_(bad)
+    del h, bad
+    with pytest.raises(RuntimeError, match=r"aten\.exp\.default"):
+        torch.tpu.synchronize()
+    for t in (lost, state):
+        with pytest.raises(lazy.LostValueError, match="computed from aten.exp.default"):
+            t.cpu()
+    assert _live_mib() - base < -0.5  # the state's old array is gone too
+
+
+def test_op_by_op_drops_intermediates_after_their_last_read(defer, monkeypatch):
+    """A trace run op by op holds each intermediate only until its last reader ran, as Strict does."""
+    import jax
+
+    monkeypatch.setattr(lazy, "_interpret_first", lambda *args: True)
+    peak = [0.0]
+
+    def probe(x):  # records the live arrays when it runs op by op (not when traced)
+        if not isinstance(x, jax.core.Tracer):
+            peak[0] = _live_mib()
+        return x
+
+    w = torch.randn(256, 1024, device="tpu")  # 1 MiB
+    torch.tpu.flush()
+    base = _live_mib()
+    h = w
+    for _ in range(24):
+        h = torch.tanh(h * 1.5 + 0.25)
+    before = lazy.stats["interpreted"]
+    out = lazy.call(probe, (torch.tpu_to_jax(h) if hasattr(torch, "tpu_to_jax") else _lazy_array(h),))
+    lazy.flush()
+    assert lazy.stats["interpreted"] == before + 1
+    assert out.concrete is not None
+    assert peak[0] - base < 8, peak  # 72 MiB of intermediates when every one is held
+
+
+def _lazy_array(t):
+    from hf_tpu.runtime.tensor import to_jax_lazy
+
+    return to_jax_lazy(t)
+
+
+def test_a_trace_run_op_by_op_for_good_is_not_a_compile_storm(defer, monkeypatch):
+    """A trace whose fused program failed runs op by op every time after; once its kernels compiled,
+    those flushes compile nothing and do not count toward the compile-storm warning."""
+    import warnings
+
+    monkeypatch.setitem(lazy._streak, "misses", 0)
+    monkeypatch.setitem(lazy._streak, "warned", False)
+    w = torch.randn(4, 4, device="tpu")
+    kernel = _failing_exp([1])
+    torch.tpu.flush()
+    with pytest.warns(UserWarning, match="its ops ran one by one instead"):
+        (kernel(w) + 1).cpu()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="hf_tpu DeferAndFuse.*each compiled")
+        for _ in range(lazy._STORM_AT + 2):
+            (kernel(w) + 1).cpu()
