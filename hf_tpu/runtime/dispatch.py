@@ -528,7 +528,10 @@ class OpKernel:
             if modes.launch_blocking():
                 platform.jax().block_until_ready(results)
         except Exception as exc:  # noqa: BLE001 - JAX errors become op-named errors
-            raise op_failure(self.op, full, self.sig.kinds, exc) from exc
+            # an input a failed DeferAndFuse flush never computed (JAX would say "not a valid JAX type")
+            gone = next((x for x in leaves if type(x) is LazyValue and x.concrete is None), None)
+            cause = exc if gone is None else lazy.lost(gone)
+            raise op_failure(self.op, full, self.sig.kinds, cause) from cause
         return results, entry.spec
 
     def _build(self, fargs: list, full: list, views: list, dynamic: bool) -> _Entry:

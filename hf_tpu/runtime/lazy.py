@@ -106,6 +106,14 @@ class Trace:
         # flush time (cheaper than a weakref per output)
         self.values: list = []
         self.cut_at = MAX_OPS  # the graph-size limit, aligned to the trace's period (`_aligned_cut`)
+        # storage pointer -> its array before this trace first overwrote it, when a recorded op read that
+        # array (so keeping it costs nothing): restored if the flush fails in an op its new value needs
+        self.before: dict = {}
+
+    def note_overwrite(self, ptr: int, old) -> None:
+        """A storage whose array `old` is being replaced by a value of this trace (storage.set_array)."""
+        if ptr not in self.before and id(old) in self.input_ids:
+            self.before[ptr] = old
 
     def ref(self, arg):
         if type(arg) is LazyValue:
@@ -374,6 +382,8 @@ def flush(reason: str = "explicit") -> None:
                 lv.concrete = arr
             lv.trace = None  # a lost value stays in its payload: it must not keep the trace's inputs
         del live
+        if failure is not None:
+            _restore_overwritten(trace, failure)
         REGISTRY.materialize_pending()
         if log.isEnabledFor(logging.DEBUG):
             log.debug(
@@ -387,7 +397,10 @@ def flush(reason: str = "explicit") -> None:
                 (time.perf_counter() - t0) * 1e3,
             )
         if failure is not None:
-            raise failure
+            try:
+                raise failure
+            finally:  # the traceback keeps this frame: not the trace's inputs and results with it
+                del failure, trace, results
 
 
 # -- running a trace op by op: new shapes of a known trace, and the recovery when a program fails ------
@@ -451,7 +464,9 @@ def _run_op_by_op(
     """Run each recorded kernel on its own (each is a cached jitted function), as Strict would have.
 
     Returns the outputs (a `_Failed` for each that depends on a failed op) and the error to raise (None
-    when every op ran). Ops that do not depend on a failed one still run: the caller's code went on past
+    when every op ran). Only failures JAX reports when a program is launched (a compile error, a host
+    callback raising, an allocation that fails) are found this way; an error XLA reports later, when a
+    result is read, surfaces there unnamed, as it does in Strict. Ops that do not depend on a failed one still run: the caller's code went on past
     the failing op before the flush found it. `blocking` waits for each op, so an error that XLA reports
     only when the result is read is charged to the op that made it.
     """
@@ -490,6 +505,26 @@ def _run_op_by_op(
         for n in drop_after[k]:
             vals[n] = None
     return [vals[n][i] for n, i in outputs], failure
+
+
+def _restore_overwritten(trace: Trace, failure: BaseException) -> None:
+    """After a failed flush: storages whose new value is lost get back their value from before the trace
+    (a training step that failed in its loss leaves the parameters and optimizer state as they were, so
+    an out-of-memory retry with a smaller batch starts from intact weights, as in Strict)."""
+    from hf_tpu.runtime.storage import REGISTRY
+
+    restored = 0
+    for ptr, old in trace.before.items():
+        p = REGISTRY.payload(ptr)
+        if p is not None and type(p.array) is LazyValue and p.array.failed_op is not None:
+            REGISTRY.store(p, old)
+            restored += 1
+    if restored and failure.args and isinstance(failure.args[0], str):
+        failure.args = (
+            f"{failure.args[0]} {restored} tensor(s) that this trace would have overwritten with values "
+            "computed from it keep their values from before it.",
+            *failure.args[1:],
+        )
 
 
 def _op_error(holder, fn, exc: BaseException, reason: str) -> BaseException:

@@ -131,9 +131,13 @@ class StorageRegistry:
         return self._payloads.get(ptr)
 
     def set_array(self, ptr: int, array) -> None:
+        p = self._payloads[ptr]
         if type(array) is LazyValue:
             self._pending.append(ptr)
-        self.store(self._payloads[ptr], array)
+            old = p.array
+            if old is not None and type(old) is not LazyValue and array.trace is not None:
+                array.trace.note_overwrite(ptr, old)  # restored if the flush cannot compute `array`
+        self.store(p, array)
 
     def store(self, p: Payload, array) -> None:
         """Make `array` the payload's value; its bytes count once a real buffer backs the storage

@@ -297,6 +297,9 @@ def test_a_failed_flush_names_the_op_and_keeps_the_other_values(defer):
     with pytest.raises(RuntimeError, match=r"aten\.add\.Tensor failed .*computed from aten\.exp\.default"):
         from_failed + 1
     torch.testing.assert_close((param * w).sum(0).cpu(), ((p_cpu + 1) * w_cpu).sum(0))
+    torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)  # Strict names the lost input too
+    with pytest.raises(RuntimeError, match=r"aten\.mul\.Tensor failed .*computed from aten\.exp\.default"):
+        from_failed * 2
 
 
 def test_a_fused_program_that_fails_where_its_ops_do_not_runs_op_by_op(defer):
@@ -367,14 +370,15 @@ def _live_mib() -> float:
 
 
 def test_a_lost_tensor_does_not_keep_its_failed_trace_alive(defer, monkeypatch):
-    """Values lost in a failed flush stay in their payloads (a gradient in `.grad`, an optimizer state
-    updated from it): they must not hold the failed trace's intermediates (they keep the failed op's
-    name, not the error, whose traceback holds them) nor its inputs (the state's superseded array)."""
+    """Values lost in a failed flush stay in their payloads (a gradient in `.grad`): they must not hold
+    the failed trace's intermediates (they keep the failed op's name, not the error, whose traceback
+    holds them). A storage the trace overwrote from the failed op gets its earlier array back."""
     # the failing kernel's host callback logs its error, and pytest keeps log records: their tracebacks
     # hold the flush's frames
     monkeypatch.setattr(logging.getLogger("jax._src.callback"), "disabled", True)
     w = torch.randn(256, 1024, device="tpu")  # 1 MiB
     state = torch.randn(256, 1024, device="tpu")
+    state_before = state.cpu()
     torch.tpu.flush()
     base = _live_mib()
     h = w
@@ -386,10 +390,10 @@ def test_a_lost_tensor_does_not_keep_its_failed_trace_alive(defer, monkeypatch):
     del h, bad
     with pytest.raises(RuntimeError, match=r"aten\.exp\.default"):
         torch.tpu.synchronize()
-    for t in (lost, state):
-        with pytest.raises(lazy.LostValueError, match="computed from aten.exp.default"):
-            t.cpu()
-    assert _live_mib() - base < -0.5  # the state's old array is gone too
+    with pytest.raises(lazy.LostValueError, match="computed from aten.exp.default"):
+        lost.cpu()
+    assert torch.equal(state.cpu(), state_before)  # overwritten from the failed op: restored
+    assert _live_mib() - base < 0.5  # no intermediate of the failed trace is left
 
 
 def test_op_by_op_drops_intermediates_after_their_last_read(defer, monkeypatch):
@@ -440,3 +444,25 @@ def test_a_trace_run_op_by_op_for_good_is_not_a_compile_storm(defer, monkeypatch
         warnings.filterwarnings("error", message="hf_tpu DeferAndFuse.*each compiled")
         for _ in range(lazy._STORM_AT + 2):
             (kernel(w) + 1).cpu()
+
+
+def test_a_failed_training_step_leaves_the_parameters_as_they_were(defer):
+    """An out-of-memory-style failure in the loss: the recorded backward and optimizer step could not be
+    computed, so the parameters they overwrote get back their values from before the step (as in
+    Strict, where the step never ran) and a retry starts from intact weights."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(4, 4)
+    lin = copy.deepcopy(cpu).to("tpu")
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    x_cpu = torch.randn(2, 4)
+    x = x_cpu.to("tpu")
+    torch.tpu.flush()
+    kernel = _failing_exp([10**9])
+    h = lin(x)
+    (h * kernel(h.detach())).sum().backward()
+    opt.step()
+    with pytest.raises(RuntimeError, match=r"aten\.exp\.default.* 2 tensor\(s\) .* keep their values"):
+        torch.tpu.synchronize()
+    torch.testing.assert_close(lin.weight.detach().cpu(), cpu.weight.detach())
+    torch.testing.assert_close(lin.bias.detach().cpu(), cpu.bias.detach())
+    torch.testing.assert_close(lin(x).cpu(), cpu(x_cpu))
