@@ -228,6 +228,31 @@ def test_buffer_read_by_a_pending_defer_and_fuse_op_is_not_donated():
     torch.testing.assert_close(dev_cache.cpu(), cache)
 
 
+def test_compiled_masked_scatter_backward_compiles_whole_and_matches_cpu():
+    """A VLM training step merges image features into the text embeddings with `masked_scatter`
+    (LLaVA, PaliGemma): its backward (`masked_scatter_backward`) has a graph lowering, so the backward
+    graph compiles as one program (it ran op by op with a warning before) and the gradients match CPU."""
+
+    def merge(text, mask, image):
+        weights = torch.arange(24.0, device=text.device).reshape(2, 3, 4)
+        return (text.masked_scatter(mask, image) * weights).sum()
+
+    text = torch.randn(2, 3, 4, requires_grad=True)
+    mask = torch.tensor([[True, False, True], [False, True, True]])[..., None]  # broadcast over features
+    image = torch.randn(5, 4, requires_grad=True)  # one row more than the mask selects: gets zeros
+    merge(text, mask, image).backward()
+    dev_text = text.detach().to("tpu").requires_grad_()
+    dev_image = image.detach().to("tpu").requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loss = torch.compile(merge, backend="tpu")(dev_text, mask.to("tpu"), dev_image)
+        loss.backward()
+    fallbacks = [str(w.message) for w in caught if "hf_tpu compile" in str(w.message)]
+    assert not fallbacks, fallbacks
+    torch.testing.assert_close(dev_image.grad.cpu(), image.grad)
+    torch.testing.assert_close(dev_text.grad.cpu(), text.grad)
+
+
 def test_compiled_float32_grouped_mm_matches_cpu():
     """MoE experts in float32: torch's own meta kernel would reject them (bf16-only, copied from CUDA)."""
 

@@ -447,6 +447,22 @@ def masked_scatter(x, mask, source):
     return jnp.where(m, src[position], flat).reshape(shape)
 
 
+@lowers("aten::masked_scatter_backward", graph=True)
+def masked_scatter_backward(grad, mask, sizes):
+    """The source's gradient: `grad.masked_select(mask)` zero-padded to `sizes`' element count.
+
+    Static-shaped (the size is the source's), so graphs (a VLM merging image features into its text
+    embeddings) compile whole; eager keeps PyTorch's masked_select kernel and its size check."""
+    shape = jnp.broadcast_shapes(grad.shape, mask.shape)
+    m = jnp.broadcast_to(mask, shape).reshape(-1).astype(jnp.bool_)
+    g = jnp.broadcast_to(grad, shape).reshape(-1)
+    numel = 1
+    for s in sizes:
+        numel *= int(s)
+    position = jnp.where(m, jnp.cumsum(m, dtype=jnp.int32) - 1, numel)  # unselected: off the end
+    return jnp.zeros((numel,), grad.dtype).at[position].set(g, mode="drop").reshape(tuple(sizes))
+
+
 # -- embedding / take -------------------------------------------------------------------------------
 @lowers("aten::embedding")
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
