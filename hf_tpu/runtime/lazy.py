@@ -343,7 +343,6 @@ def flush(reason: str = "explicit") -> None:
         t0 = time.perf_counter()
         compiling0 = executables.compile_seconds()
         compiles0 = executables.stats["compiles"]
-        failure = None
         if (_interpret_always and key in _interpret_always) or (
             program is None and _interpret_first(key, trace.ops, outputs)
         ):
@@ -352,24 +351,7 @@ def flush(reason: str = "explicit") -> None:
             hit = executables.stats["compiles"] == compiles0  # every kernel had run at these shapes before
             stats["interpreted"] += 1
         else:
-            if program is None:
-                jax = platform.jax()
-                program = jax.jit(_replay(trace.ops, outputs))
-                while _program_cache and len(_program_cache) >= MAX_PROGRAMS:
-                    del _program_cache[next(iter(_program_cache))]
-            compiled = program._cache_size()
-            fused_error = None
-            try:
-                results = program(*trace.inputs)
-                _program_cache[key] = program  # most recently used last
-            except Exception as exc:  # noqa: BLE001 - an op failed: find it, keep what does not depend on it
-                fused_error = exc
-            if fused_error is not None:
-                results, failure = _run_op_by_op(trace.ops, trace.inputs, outputs, reason, blocking=True)
-                if failure is None:  # only the fused program failed (out of memory): op by op fit
-                    _interpret_always.add(key)
-                    _warn_fused_failed(fused_error)
-            hit = program._cache_size() == compiled  # no new executable (inputs of new shapes compile one)
+            results, failure, hit = _run_fused(program, key, trace, outputs, reason)
             outcome = "cache hit" if hit else "cache miss"
             stats["cache_hits" if hit else "cache_misses"] += 1
         _note_miss_streak(hit, trace)
@@ -401,6 +383,37 @@ def flush(reason: str = "explicit") -> None:
                 raise failure
             finally:  # the traceback keeps this frame: not the trace's inputs and results with it
                 del failure, trace, results
+
+
+def _run_fused(program, key: tuple, trace: Trace, outputs: tuple, reason: str) -> tuple:
+    """Run the trace as one jitted program (built on a cache miss): (results, failure, no compile).
+
+    When the program fails, its ops run one by one to name the failing one and keep what does not
+    depend on it; when they all succeed alone (the fused program ran out of memory), the flush completes
+    and this trace runs op by op from then on."""
+    if program is None:
+        program = platform.jax().jit(_replay(trace.ops, outputs))
+        while _program_cache and len(_program_cache) >= MAX_PROGRAMS:
+            del _program_cache[next(iter(_program_cache))]
+    compiled = program._cache_size()
+    fused_error = None
+    try:
+        results = program(*trace.inputs)
+    except Exception as exc:  # noqa: BLE001 - handled below, outside this handler's context
+        fused_error = exc
+    failure = None
+    if fused_error is None:
+        _program_cache[key] = program  # most recently used last
+    else:
+        results, failure = _run_op_by_op(trace.ops, trace.inputs, outputs, reason, blocking=True)
+        if failure is None:
+            _interpret_always.add(key)
+            _warn_fused_failed(fused_error)
+    return (
+        results,
+        failure,
+        program._cache_size() == compiled,
+    )  # no new executable: inputs of new shapes compile one
 
 
 # -- running a trace op by op: new shapes of a known trace, and the recovery when a program fails ------
