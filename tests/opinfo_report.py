@@ -102,7 +102,7 @@ def handling(func) -> tuple[str, object]:
     cached = _handling_cache.get(func)
     if cached is not None:
         return cached
-    from hf_tpu.runtime import dispatch
+    from hf_tpu.runtime import fallback
     from hf_tpu.runtime.lowering_table import TABLE
 
     name = func.name()
@@ -116,7 +116,7 @@ def handling(func) -> tuple[str, object]:
     elif func in TABLE or _derived(func):
         result = (LEAF, None)
     else:
-        decomp = dispatch._decomposition(func)
+        decomp = fallback._decomposition(func)
         result = (DECOMP, decomp) if decomp is not None else (MISSING, None)
     _handling_cache[func] = result
     return result

@@ -1,20 +1,20 @@
-"""From the PyTorch dispatcher to JAX: one kernel per lowered overload, plus the boxed fallback.
+"""From the PyTorch dispatcher to JAX: one kernel per lowered overload (the boxed fallback for the rest
+is `fallback.py`).
 
 Each lowered overload gets a PrivateUse1 kernel that unwraps tpu tensors into jax.Arrays, looks up a
 jitted executable cached per (op, static args, shapes, dtypes), runs it, and wraps the results. The
 in-place (`add_`) and out= (`add.out`) variants of a lowered op are derived from it: compute
 functionally, then write into the destination through its views. Output dtypes follow PyTorch exactly
 because each cache entry asks the op's meta kernel once what PyTorch would return. Everything not in
-the table reaches the boxed fallback: torch's decompositions, then (opt-in) CPU, then a clear error.
+the table reaches the boxed fallback (`fallback.py`): torch's decompositions, then (opt-in) CPU, then a
+clear error.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import traceback
-import warnings
 from collections.abc import Callable
 
 import torch
@@ -696,109 +696,3 @@ def derived_kernel(op) -> OpKernel | None:
         return None
     mode = "inplace" if op._schema.name.endswith("_") and _Signature(op).mutable == [0] else "out"
     return OpKernel(op, TABLE[func], mode=mode, functional=func)
-
-
-# -- the boxed fallback: decompositions, opt-in CPU, clear errors ---------------------------------
-_fallback_cache: dict = {}
-_warned_cpu: set = set()
-_local = threading.local()
-
-
-def _cpu_fallback_enabled() -> bool:
-    return os.environ.get("HF_TPU_CPU_FALLBACK", "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _decomposition(op) -> Callable | None:
-    from torch._decomp import decomposition_table
-
-    fn = decomposition_table.get(op)
-    if fn is not None:
-        return fn
-    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
-        return op.decompose
-    return None
-
-
-def fallback(op, *args, **kwargs):
-    """Boxed PrivateUse1 fallback for every op without a registered kernel."""
-    from hf_tpu.runtime import registration
-
-    if not registration._kernels_ready:
-        registration.ensure_kernels()
-        return op(*args, **kwargs)  # now reaches its own kernel, if it has one
-    handler = _fallback_cache.get(op)
-    if handler is None:
-        handler = _fallback_handler(op)
-        _fallback_cache[op] = handler
-    return handler(*args, **kwargs)
-
-
-def _fallback_handler(op):
-    kernel = derived_kernel(op)
-    if kernel is not None:
-        return kernel
-    lowering = TABLE.get(op)
-    if lowering is not None:
-        return host_kernel(op, lowering.fn) if lowering.kind == "host" else OpKernel(op, lowering)
-    decomp = _decomposition(op)
-    if decomp is not None:
-
-        def run_decomposition(*args, **kwargs):
-            depth = getattr(_local, "depth", {})
-            _local.depth = depth
-            if depth.get(op, 0) > 0:
-                return _missing(op, args, kwargs)
-            depth[op] = depth.get(op, 0) + 1
-            try:
-                return decomp(*args, **kwargs)
-            finally:
-                depth[op] -= 1
-
-        return run_decomposition
-    return lambda *args, **kwargs: _missing(op, args, kwargs)
-
-
-def _missing(op, args, kwargs):
-    if _cpu_fallback_enabled():
-        return cpu_fallback(op, args, kwargs)
-    sig = _Signature(op)
-    full = sig.normalize(args, kwargs)
-    raise LoweringMissing(
-        f"hf_tpu has no lowering for {op._schema.name}.{op._overloadname} "
-        f"(inputs: {_describe(full, sig.kinds)}). Set HF_TPU_CPU_FALLBACK=1 to run this op on CPU and copy "
-        "the result back (slow), or add a lowering in hf_tpu/runtime/lowerings/."
-    )
-
-
-def cpu_fallback(op, args, kwargs):
-    """Run `op` on CPU copies of its tpu arguments, copy results and mutated arguments back."""
-    if op not in _warned_cpu:
-        _warned_cpu.add(op)
-        warnings.warn(
-            f"hf_tpu: {op} has no tpu lowering; running it on CPU (HF_TPU_CPU_FALLBACK=1). This is slow.",
-            stacklevel=3,
-        )
-    cpu_args = [_to_cpu(a) for a in args]
-    cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
-    result = op(*cpu_args, **cpu_kwargs)
-    sig = _Signature(op)
-    full = sig.normalize(args, kwargs)
-    cpu_full = sig.normalize(tuple(cpu_args), cpu_kwargs)
-    for i in sig.mutable:  # written arguments: single tensors and lists of them (`_foreach_*_`, AMP ops)
-        targets = full[i] if isinstance(full[i], list | tuple) else [full[i]]
-        sources = cpu_full[i] if isinstance(cpu_full[i], list | tuple) else [cpu_full[i]]
-        for dst, src in zip(targets, sources):
-            if isinstance(dst, torch.Tensor) and dst.device.type == "tpu":
-                dst.copy_(src)
-    mutated_ids = {id(cpu_full[i]): full[i] for i in sig.mutable}
-
-    def back(r):
-        if isinstance(r, torch.Tensor):
-            if id(r) in mutated_ids:
-                return mutated_ids[id(r)]
-            return r.to("tpu")
-        if isinstance(r, list | tuple):
-            return type(r)(back(x) for x in r)
-        return r
-
-    return back(result)

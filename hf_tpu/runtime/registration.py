@@ -55,11 +55,11 @@ def register() -> None:
             torch._register_device_module("tpu", device_module)
         torch._C._acc.register_python_privateuseone_hook(hooks.TpuHooks())
         torch._C._acc.register_python_privateuseone_device_guard(hooks.TpuDeviceGuard())
-        from hf_tpu.runtime import dispatch
+        from hf_tpu.runtime import dispatch, fallback
 
         # kernels (and JAX) load on the first op that reaches the device: `import torch` stays cheap
         fallback_lib = torch.library.Library("_", "IMPL")
-        fallback_lib.fallback(dispatch.outside_dynamo(dispatch.fallback), "PrivateUse1")
+        fallback_lib.fallback(dispatch.outside_dynamo(fallback.fallback), "PrivateUse1")
         _libs.append(fallback_lib)
         shallow_copy_lib = torch.library.Library("aten", "IMPL")
         shallow_copy_lib.impl(

@@ -137,8 +137,8 @@ def test_a_device_index_other_than_0_is_refused(make):
 
 def test_cpu_fallback_copies_back_written_tensor_lists():
     """A fallback op that writes a list argument (`_foreach_*_`, AMP's unscale) updates the tpu tensors."""
-    from hf_tpu.runtime import dispatch
+    from hf_tpu.runtime import fallback
 
     xs = [torch.ones(3, device="tpu"), torch.full((2,), 2.0, device="tpu")]
-    dispatch.cpu_fallback(torch.ops.aten._foreach_mul_.Scalar, (xs, 3.0), {})
+    fallback.cpu_fallback(torch.ops.aten._foreach_mul_.Scalar, (xs, 3.0), {})
     assert xs[0].cpu().tolist() == [3.0] * 3 and xs[1].cpu().tolist() == [6.0] * 2
