@@ -571,10 +571,7 @@ def _write_reinterpret(base_shape, base_dtype, shape, stride, dtype):
 
     def put(base, value, offset):
         b = _as_bytes(jax, base)
-        vb = value.astype(jnp.uint8) if value.dtype == jnp.bool_ else value
-        if jnp.issubdtype(vb.dtype, jnp.complexfloating):  # XLA bitcasts no complex: its (real, imag) pairs
-            vb = jnp.stack([vb.real, vb.imag], axis=-1)
-        vb = jax.lax.bitcast_convert_type(vb, jnp.uint8).reshape(shape + (size,))
+        vb = _as_bytes(jax, value).reshape(shape + (size,))
         elem = _flat_index(shape, stride, offset)[..., None] * size + jnp.arange(size)
         b = b.at[elem].set(vb)
         isz = jbase.itemsize
