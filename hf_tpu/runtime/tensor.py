@@ -349,10 +349,12 @@ del _probe
 
 
 _get_ident = threading.get_ident
-# threads that have read or written tpu payloads, and the one that did last: with more than one, payload
-# arrays are read under DONATION_LOCK (`_array_of`). Never pruned: a thread Python's `threading` does
-# not list (started by C code or `_thread`) may still be alive and reading.
-_device_threads: set = set()
+# threads that have read or written tpu payloads (ident -> its `threading.Thread`), and the one that did
+# last: with more than one, payload arrays are read under DONATION_LOCK (`_array_of`). Never pruned: a
+# thread Python's `threading` does not list (started by C code or `_thread`) may still be alive and
+# reading. The Thread object, not the ident alone, tells whether it still lives: CPython reuses the
+# ident of an ended thread for the next one (a tqdm monitor would pass for a device thread forever).
+_device_threads: dict = {}
 _device_thread = [None]
 # held from a donation's check until the payload has the new array, and, with several threads, around a
 # read-modify-store of a buffer; a thread using tpu tensors for the first time waits for it (it may have
@@ -361,11 +363,31 @@ DONATION_LOCK = threading.RLock()
 _NO_LOCK = contextlib.nullcontext()
 
 
+class _ForgetOnExit:
+    """Held in a thread-local by each device thread; freed when that thread ends, it stops its ident from
+    passing for the last device thread, so a new thread given the same ident is noted as one."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, ident: int) -> None:
+        self.ident = ident
+
+    def __del__(self) -> None:
+        last = _device_thread  # None once the interpreter is tearing this module down
+        if last is not None and last[0] == self.ident:
+            last[0] = None
+
+
+_this_thread = threading.local()
+
+
 def note_device_thread() -> None:
     _device_thread[0] = ident = _get_ident()
-    if ident not in _device_threads:
+    current = threading.current_thread()
+    if _device_threads.get(ident) is not current:
         with DONATION_LOCK:  # a donation started before this thread was seen finishes first
-            _device_threads.add(ident)
+            _device_threads[ident] = current
+        _this_thread.marker = _ForgetOnExit(ident)
         if len(_device_threads) > 1:
             modes.another_thread_started()
 
@@ -383,8 +405,10 @@ def _one_device_thread() -> bool:
     called it, which counts, waits)."""
     if len(_device_threads) <= 1:
         return True
-    live = {t.ident for t in threading.enumerate() if not isinstance(t, threading._DummyThread)}
-    return len(_device_threads & live) <= 1
+    live = 0
+    for thread in list(_device_threads.values()):
+        live += thread.is_alive() and not isinstance(thread, threading._DummyThread)
+    return live <= 1
 
 
 def update_lock():

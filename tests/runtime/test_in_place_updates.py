@@ -178,6 +178,87 @@ def test_another_thread_reading_while_one_updates_in_place():
     assert _buffer(w) == before
 
 
+def _thread_reusing_the_ident_of(ended, target):
+    """A started thread running `target` that CPython gave `ended`'s ident (it reuses the idents of
+    ended threads, usually at once), or None after a few tries."""
+    import threading
+
+    for _ in range(50):
+        go, chosen = threading.Event(), []
+
+        def run(go=go, chosen=chosen):
+            go.wait()
+            if chosen:
+                target()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        if thread.ident == ended.ident:
+            chosen.append(True)
+        go.set()
+        if chosen:
+            return thread
+        thread.join()
+    return None
+
+
+def test_a_thread_given_an_ended_device_threads_ident_is_not_a_device_thread():
+    """A thread that never used tpu tensors (tqdm's monitor) but got the ident of one that did and
+    ended must not keep updates from happening in place."""
+    import threading
+
+    from hf_tpu.runtime import tensor
+
+    x, _ = _written(1 << 12)
+    worker = threading.Thread(target=lambda: (x + 1).cpu())
+    worker.start()
+    worker.join()
+    release = threading.Event()
+    idle = _thread_reusing_the_ident_of(worker, release.wait)
+    if idle is None:
+        release.set()
+        pytest.skip("CPython gave no new thread the ended thread's ident")
+    try:
+        assert tensor._one_device_thread()
+        before = _buffer(x)
+        x.add_(1)
+        assert _buffer(x) == before
+    finally:
+        release.set()
+        idle.join()
+
+
+def test_a_thread_given_an_ended_device_threads_ident_is_noted_when_it_uses_tpu():
+    """The ended thread was the last to use tpu tensors; the new one with its ident must still be seen
+    as a second device thread, so no buffer it reads is donated."""
+    import threading
+
+    from hf_tpu.runtime import tensor
+
+    x, ref = _written(1 << 12)
+    worker = threading.Thread(target=lambda: (x + 1).cpu())
+    worker.start()
+    worker.join()
+    release, reads = threading.Event(), []
+
+    def reader():
+        reads.append(x.cpu())
+        release.wait()
+
+    second = _thread_reusing_the_ident_of(worker, reader)
+    if second is None:
+        release.set()
+        pytest.skip("CPython gave no new thread the ended thread's ident")
+    try:
+        while not reads:
+            release.wait(0.001)
+        assert not tensor._one_device_thread()
+        assert torch.equal(reads[0], ref)
+    finally:
+        release.set()
+        second.join()
+
+
 def test_a_worker_thread_updates_in_place_while_the_thread_that_made_the_tensor_lives():
     """Continuous batching decodes in a thread of its own while the thread that loaded the model waits:
     its cache writes must still update buffers in place (and match CPU), with concurrent readers too."""
