@@ -43,6 +43,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "safetensors.torch": ("safetensors_torch:patch_safetensors_torch",),
     "torch._dynamo.backends.registry": ("torch_dynamo:register_tpu_backend",),
     "torch._dynamo.trace_rules": ("torch_dynamo:keep_out_of_the_runtime",),
+    "torch._dynamo.variables.torch": ("torch_dynamo:fold_tpu_device_queries",),
 }
 
 _lock = threading.RLock()

@@ -31,7 +31,16 @@ def register_tpu_backend(registry: ModuleType) -> None:
 
 
 def keep_out_of_the_runtime(trace_rules: ModuleType) -> None:
-    """As Dynamo's trace rules load: never trace hf_tpu's runtime or JAX, whichever backend compiles."""
+    """As Dynamo's trace rules load: never trace hf_tpu's runtime or JAX, whichever backend compiles, but
+    let `torch.tpu.is_available()` and the like in (`fold_tpu_device_queries`)."""
     from hf_tpu.runtime import dynamo_prep
 
     dynamo_prep.keep_dynamo_out_of_the_runtime(trace_rules)
+    dynamo_prep.fold_device_queries(trace_rules=trace_rules)
+
+
+def fold_tpu_device_queries(variables_torch: ModuleType) -> None:
+    """As Dynamo's torch-function rules load: `torch.tpu.is_available()` and the like fold to constants."""
+    from hf_tpu.runtime import dynamo_prep
+
+    dynamo_prep.fold_device_queries(variables_torch=variables_torch)

@@ -4,7 +4,8 @@ TorchDynamo captures the graph, `aot_autograd` lowers it to functional ATen (for
 and each graph is interpreted with the lowering table inside a single `jax.jit`, cached per input
 shapes/dtypes. Parameters enter as the device buffers they already are (no per-call copies). A graph
 that holds an op without a pure-JAX lowering runs op by op in tpu eager instead (one warning naming the
-op; an error under `HF_TPU_COMPILE_STRICT=1`).
+op; an error under `HF_TPU_COMPILE_STRICT=1`). Control flow (`torch.cond`, `while_loop`, `map`, `scan`)
+lowers to its `lax` counterpart, its subgraphs interpreted the same way (`graph_control_flow`).
 
 Outputs land on the device their traced value names (a `.cpu()` result or a CPU factory comes back as
 a CPU tensor, as in eager), and a graph that touches no tpu tensor runs in PyTorch on CPU, untouched.
@@ -33,6 +34,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 
 from hf_tpu.runtime import dynamo_prep, executables, platform, rng
+from hf_tpu.runtime import graph_control_flow as control_flow
 from hf_tpu.runtime.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.graph_outputs import (
     AS_VIEW,
@@ -63,6 +65,7 @@ from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax
 log = logging.getLogger("hf_tpu.compile")
 # aot_autograd threads ops with side effects (`_linalg_check_errors`) through a token: (token, *outputs)
 WITH_EFFECTS = torch.ops.higher_order.with_effects
+_WRAPPERS = (SAVE_RNG, WITH_RNG, WITH_EFFECTS)  # higher-order ops `interpret` handles itself
 _warned: set = set()
 
 
@@ -109,7 +112,7 @@ class GraphProgram:
         # (input index, index of the output that becomes its new value): see `donation_plan`
         self.donation_plan = donation_plan
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
-        self.n_random = sum(1 for n in gm.graph.nodes if _draws_key(n))
+        self.n_random = _count_draws(gm)
         # how each output is produced, and the nodes the jitted program returns (`plan_outputs`)
         self._plan, self._jit_nodes, self._jit_index, self._has_views = plan_outputs(gm, user_outputs)
         self._n_outputs = len(output_nodes(gm))
@@ -131,14 +134,19 @@ class GraphProgram:
             SAVE_RNG: eager_run_and_save_rng_state,
             WITH_RNG: eager_run_with_rng_state,
         }
-        for node in self.gm.graph.nodes:
-            if node.op == "call_function" and node.target in eager:
-                node.target = eager[node.target]
-        self.gm.recompile()
+        for gm in self.gm.modules():  # the graph and the subgraphs of its control flow
+            if not isinstance(gm, torch.fx.GraphModule):
+                continue
+            for node in gm.graph.nodes:
+                if node.op == "call_function" and node.target in eager:
+                    node.target = eager[node.target]
+            gm.recompile()
 
-    def _find_missing(self) -> list[str]:
+    def _find_missing(self, gm: torch.fx.GraphModule | None = None, repeated: bool = False) -> list[str]:
+        """The ops of `gm` (and of its control flow's subgraphs) without a graph lowering; `repeated`
+        for a loop body, where a random op would draw the same numbers on every iteration."""
         missing = []
-        for node in self.gm.graph.nodes:
+        for node in (gm or self.gm).graph.nodes:
             if node.op != "call_function":
                 continue
             if node.target is GRAPHSAFE_RNG:
@@ -147,19 +155,37 @@ class GraphProgram:
                     "torch.Generator for the tpu device; do not register 'tpu' with "
                     "register_graphsafe_rng_device_type"
                 )
+            if node.target in control_flow.CONTROL_FLOW:
+                inner = repeated or control_flow.repeats_body(node.target)
+                for sub in control_flow.subgraphs(node):
+                    missing += self._find_missing(sub, inner)
+                continue
+            if control_flow.is_higher_order(node.target) and node.target not in _WRAPPERS:
+                missing.append(str(node.target))  # flex_attention, auto_functionalized, ...: run eagerly
+                continue
             target = _wrapped_op(node)
+            if control_flow.is_higher_order(target):  # `torch._higher_order_ops.print` kept for its effect
+                missing.append(str(target))
+                continue
             if not isinstance(target, torch._ops.OpOverload):
                 continue  # Python arithmetic on sizes, getitem: evaluated as is
-            if graph_lowering(target) is not None:
-                continue
-            missing.append(str(target))
+            lowering = graph_lowering(target)
+            if lowering is None:
+                missing.append(str(target))
+            elif repeated and lowering.random:
+                missing.append(f"{target} (random, in a loop body)")
         return missing
 
     def interpret(self, keys, *arrays):
         """Evaluate the graph on JAX values (traced under jit)."""
+        draws = iter(range(self.n_random))  # the draw index of each random op, in graph order
+        return self._evaluate(self.gm, list(arrays), keys, draws)
+
+    def _evaluate(self, gm: torch.fx.GraphModule, arrays: list, keys, draws):
+        """`gm` (this program's graph, or a subgraph of its control flow) on JAX values: the values the
+        jitted program returns for the top graph, the outputs as a list (or one value) for a subgraph."""
         env = {}
         args = iter(arrays)
-        draws = iter(range(self.n_random))  # the draw index of each random op, in graph order
 
         def fetch(a):
             if isinstance(a, torch.fx.Node):
@@ -168,7 +194,10 @@ class GraphProgram:
                 return [fetch(x) for x in a]
             return a
 
-        for node in self.gm.graph.nodes:
+        def run(subgraph, values):
+            return self._evaluate(subgraph, list(values), keys, draws)
+
+        for node in gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(args)
             elif node.op == "call_function":
@@ -188,6 +217,14 @@ class GraphProgram:
                     env[node] = (token,) + (
                         () if out is None else tuple(out) if isinstance(out, list | tuple) else (out,)
                     )
+                elif target in control_flow.CONTROL_FLOW:  # torch.cond, while_loop, map: their subgraphs
+                    try:
+                        out = control_flow.lower(target, run, node_args)
+                    except Exception as exc:  # noqa: BLE001 - name the node
+                        raise RuntimeError(
+                            f"hf_tpu compile: {target} failed in graph {self.name}: {exc}"
+                        ) from exc
+                    env[node] = _cast_like(platform.jax().numpy, out, _spec(node))
                 elif not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*node_args, **kwargs)
                 else:
@@ -195,12 +232,14 @@ class GraphProgram:
                     key = rng.key_from(keys, next(draws)) if random else None
                     env[node] = self._lower(target, node_args, kwargs, key, node)
             elif node.op == "output":
+                if gm is not self.gm:
+                    return fetch(node.args[0])
                 return tuple(env[o] for o in self._jit_nodes)
             elif node.op == "get_attr":  # a constant: a tpu tensor, or a CPU one (`torch.tensor([...])`)
-                value = getattr(self.gm, node.target)
+                value = getattr(gm, node.target)
                 if isinstance(value, torch.Tensor):
                     value = _host(value) if value.device.type == "cpu" else to_jax(value)
-                env[node] = value
+                env[node] = value  # a subgraph of control flow stays a GraphModule
         raise RuntimeError("graph without output")
 
     def _lower(self, op, args: list, kwargs: dict, key, node):
@@ -427,6 +466,17 @@ def _touches_tpu(gm: torch.fx.GraphModule) -> bool:
             if isinstance(value, torch.Tensor) and value.device.type != "cpu":
                 return True
     return False
+
+
+def _count_draws(gm: torch.fx.GraphModule) -> int:
+    """How many keys the graph draws: its random ops, and those in the branches of its control flow."""
+    n = 0
+    for node in gm.graph.nodes:
+        if _draws_key(node):
+            n += 1
+        elif node.op == "call_function" and node.target in control_flow.CONTROL_FLOW:
+            n += sum(_count_draws(sub) for sub in control_flow.subgraphs(node))
+    return n
 
 
 def _draws_key(node) -> bool:

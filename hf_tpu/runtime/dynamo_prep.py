@@ -6,7 +6,10 @@ picked (`tpu`, `aot_eager`, ...). So this is installed as Dynamo's own modules l
 first imported:
 - Dynamo never traces into the runtime (nor JAX): a `.item()` or `.cpu()` in compiled code, or a graph
   break such as `loss.backward()`, reaches our eager kernels while Dynamo's frame hook is active;
-- meta (fake-tensor) kernels PyTorch gets wrong for tpu are fixed.
+- meta (fake-tensor) kernels PyTorch gets wrong for tpu are fixed;
+- `torch.tpu.is_available()`, `device_count()` and `current_device()` fold to constants while tracing, as
+  their `torch.cuda` counterparts do (else, the runtime being skipped, each would break the graph and
+  fail `fullgraph=True`).
 """
 
 from __future__ import annotations
@@ -61,9 +64,33 @@ def keep_dynamo_out_of_the_runtime(trace_rules=None) -> None:
         trace_rules.add(module)
 
 
+def _device_queries() -> tuple:
+    from hf_tpu.runtime import device_module
+
+    return (device_module.is_available, device_module.device_count, device_module.current_device)
+
+
+def fold_device_queries(variables_torch=None, trace_rules=None) -> None:
+    """Let Dynamo evaluate the `torch.tpu` queries whose answer never changes in a process while it traces
+    (`constant_fold_functions` of `torch._dynamo.variables.torch`, where `torch.cuda.is_available` is),
+    instead of breaking the graph on a call into the skipped runtime: each must be a constant-fold
+    function, and an allowed callable of the trace rules (so Dynamo does not skip it first). Each module
+    is patched as it finishes loading (the first imports the second half-way), or both at once.
+    Idempotent."""
+    if variables_torch is None and trace_rules is None:
+        from torch._dynamo import trace_rules
+        from torch._dynamo.variables import torch as variables_torch
+    for fn in _device_queries():
+        if variables_torch is not None:
+            variables_torch.constant_fold_functions[fn] = None
+        if trace_rules is not None:
+            trace_rules._allowed_callable_ids.add(id(fn))
+
+
 def install() -> None:
     keep_dynamo_out_of_the_runtime()
     allow_float_grouped_mm_in_fake_tensors()
+    fold_device_queries()
 
 
 def fullgraph_requested() -> bool:
