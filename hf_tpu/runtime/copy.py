@@ -178,6 +178,17 @@ def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_mem
     return new_strided(size, stride, dtype)
 
 
+@lowers("aten::_efficientzerotensor", kind="host")
+def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memory=None):
+    """torch.func's forward-mode zero tangents (jacfwd, hessian): a plain tensor of zeros here, as a
+    never-written storage reads (CPU's is a storage-less ZeroTensor; the values are the same)."""
+    if device is not None and device.index:
+        _check_index(device)
+    dtype = dtype or torch.get_default_dtype()
+    to_jax_dtype(dtype)
+    return new_tensor(size, dtype)
+
+
 @lowers("aten::resize_", kind="host")
 def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
     """Grow into a new storage when needed, keeping the old values (PyTorch semantics)."""

@@ -149,10 +149,16 @@ def enabled() -> bool:
 
 
 def set_enabled(on: bool) -> None:
+    """Turn recording on or off; turning it off runs what is pending, and is off even when that fails
+    (the flush's error, naming the failed op, propagates)."""
     global _enabled
-    if not on and _enabled:
+    if on or not _enabled:
+        _enabled = on
+        return
+    try:
         flush("mode change")
-    _enabled = on
+    finally:
+        _enabled = False
 
 
 def _aval(arg):
@@ -167,7 +173,10 @@ def _aval(arg):
 
 
 def _out_avals(fn, args):
-    key = (id(fn), tuple(_aval(a) for a in args))
+    # keyed by the kernel itself, not its id: the key keeps it alive, so a kernel that would otherwise
+    # die (a per-offset view reader whose programs left the cache) cannot pass its output shapes to a
+    # new kernel given the same address
+    key = (fn, tuple(_aval(a) for a in args))
     avals = _aval_cache.get(key)
     if avals is None:
         jax = platform.jax()
@@ -231,6 +240,8 @@ def call(fn, args, holder=None, avals=None):
         too_long = n >= trace.cut_at
     if too_long:
         flush("graph size limit")
+        # computed now (they were live): hand back the arrays, which the caller stores as buffers
+        outs = [o if o is None else o.concrete for o in outs]
     if is_tuple:
         return kind(outs) if kind in (list, tuple) else tuple(outs)
     return outs[0]

@@ -48,10 +48,12 @@ def set_eager_mode(mode: EagerMode | str) -> None:
         raise TypeError(f"set_eager_mode expects torch.tpu.EagerMode, got {type(mode).__name__}")
     from hf_tpu.runtime import lazy
 
-    lazy.set_enabled(mode is EagerMode.DEFER_AND_FUSE)  # leaving the mode flushes pending work
-    _State.scoped_to_thread = None
-    _State.mode = mode
-    _State.launch_blocking = mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+    try:  # leaving DeferAndFuse flushes pending work; when that fails, the error propagates, mode left
+        lazy.set_enabled(mode is EagerMode.DEFER_AND_FUSE)
+    finally:
+        _State.scoped_to_thread = None
+        _State.mode = mode
+        _State.launch_blocking = mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
 
 
 def get_eager_mode() -> EagerMode:

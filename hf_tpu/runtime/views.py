@@ -50,7 +50,21 @@ def _set_storage(op):
     return kernel
 
 
+def _set_empty(op):
+    """`x.set_()`: an empty storage of x's device (CPU's kernel would give it an empty CPU storage)."""
+
+    def kernel(self):
+        from hf_tpu.runtime.tensor import new_tensor
+
+        return self.set_(new_tensor((0,), self.dtype).untyped_storage(), 0, (0,), (1,))
+
+    return kernel
+
+
 def register_view_kernels(lib: torch.library.Library) -> None:
     for name in METADATA_OPS:
-        kernel = _set_storage if name in _SET_STORAGE_OPS else _redispatch_to_cpu
+        if name == "set_":
+            kernel = _set_empty
+        else:
+            kernel = _set_storage if name in _SET_STORAGE_OPS else _redispatch_to_cpu
         lib.impl(name, kernel(resolve(name)), "PrivateUse1")
