@@ -32,6 +32,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "transformers.training_args": ("transformers:patch_training_args",),
     "transformers.trainer": ("transformers:patch_trainer",),
     "transformers.generation.utils": ("transformers:patch_generation_utils",),
+    "transformers.cache_utils": ("transformers:patch_cache_utils",),
     "transformers.generation.continuous_batching.cache": ("transformers:patch_continuous_batching_cache",),
     "transformers.testing_utils": ("transformers:patch_testing_utils",),
     "diffusers.pipelines.pipeline_loading_utils": ("diffusers:patch_pipeline_loading_utils",),
@@ -42,7 +43,10 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "safetensors": ("safetensors_torch:patch_safe_open",),
     "safetensors.torch": ("safetensors_torch:patch_safetensors_torch",),
     "torch._dynamo.backends.registry": ("torch_dynamo:register_tpu_backend",),
-    "torch._dynamo.trace_rules": ("torch_dynamo:keep_out_of_the_runtime",),
+    "torch._dynamo.trace_rules": (
+        "torch_dynamo:keep_out_of_the_runtime",
+        "torch_dynamo:allow_tpu_device_queries",
+    ),
     "torch._dynamo.variables.torch": ("torch_dynamo:fold_tpu_device_queries",),
 }
 

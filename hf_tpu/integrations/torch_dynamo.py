@@ -31,11 +31,17 @@ def register_tpu_backend(registry: ModuleType) -> None:
 
 
 def keep_out_of_the_runtime(trace_rules: ModuleType) -> None:
-    """As Dynamo's trace rules load: never trace hf_tpu's runtime or JAX, whichever backend compiles, but
-    let `torch.tpu.is_available()` and the like in (`fold_tpu_device_queries`)."""
+    """As Dynamo's trace rules load: never trace hf_tpu's runtime or JAX, whichever backend compiles."""
     from hf_tpu.runtime import dynamo_prep
 
     dynamo_prep.keep_dynamo_out_of_the_runtime(trace_rules)
+
+
+def allow_tpu_device_queries(trace_rules: ModuleType) -> None:
+    """As Dynamo's trace rules load: `torch.tpu.is_available()` and the like may be called while tracing
+    although the runtime is skipped (`fold_tpu_device_queries` makes them constants)."""
+    from hf_tpu.runtime import dynamo_prep
+
     dynamo_prep.fold_device_queries(trace_rules=trace_rules)
 
 

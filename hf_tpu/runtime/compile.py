@@ -156,6 +156,10 @@ class GraphProgram:
                     "register_graphsafe_rng_device_type"
                 )
             if node.target in control_flow.CONTROL_FLOW:
+                why = control_flow.unsupported(node)
+                if why is not None:
+                    missing.append(f"{node.target} ({why})")
+                    continue
                 inner = repeated or control_flow.repeats_body(node.target)
                 for sub in control_flow.subgraphs(node):
                     missing += self._find_missing(sub, inner)

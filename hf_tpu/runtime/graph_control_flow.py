@@ -38,6 +38,18 @@ def subgraphs(node: torch.fx.Node) -> list[torch.fx.GraphModule]:
     return found
 
 
+def unsupported(node: torch.fx.Node) -> str | None:
+    """Why control-flow `node` cannot lower to its `lax` counterpart, or None when it can: a
+    while_loop carrying a Python number (an unbacked SymInt) has no fixed-type JAX carry."""
+    if node.target is WHILE_LOOP:
+        carried = node.args[2]
+        if not all(
+            isinstance(c, torch.fx.Node) and isinstance(c.meta.get("val"), torch.Tensor) for c in carried
+        ):
+            return "Python numbers among its carried values"
+    return None
+
+
 def is_higher_order(target) -> bool:
     return isinstance(target, torch._ops.HigherOrderOperator)
 

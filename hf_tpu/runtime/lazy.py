@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 
 from hf_tpu.runtime import executables, platform
 
@@ -139,7 +140,7 @@ class _State(threading.local):
 _lock = threading.RLock()
 _trace: Trace | None = None
 _enabled = False
-_aval_cache: dict = {}
+_aval_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # kernel -> {avals in: out}
 _program_cache: dict = {}
 stats = {"flushes": 0, "cache_hits": 0, "cache_misses": 0, "interpreted": 0, "ops": 0}
 
@@ -172,32 +173,40 @@ def _aval(arg):
     return (tuple(arg.shape), arg.dtype)
 
 
-def _out_avals(fn, args):
-    # keyed by the kernel itself, not its id: the key keeps it alive, so a kernel that would otherwise
-    # die (a per-offset view reader whose programs left the cache) cannot pass its output shapes to a
-    # new kernel given the same address
-    key = (fn, tuple(_aval(a) for a in args))
-    avals = _aval_cache.get(key)
-    if avals is None:
-        jax = platform.jax()
-        abstract = []
-        for a in args:
-            if isinstance(a, LazyValue) and a.concrete is None:
-                abstract.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
-            elif isinstance(a, LazyValue):
-                abstract.append(a.concrete)
-            else:
-                abstract.append(a)
-        out = jax.eval_shape(fn, *abstract)
-        is_tuple = isinstance(out, list | tuple)
-        leaves = list(out) if is_tuple else [out]
-        # None: an undefined output (a backward's unneeded gradient), returned as None
-        avals = (
-            is_tuple,
-            type(out) if is_tuple else None,
-            [None if o is None else (tuple(o.shape), o.dtype) for o in leaves],
-        )
-        _aval_cache[key] = avals
+def _out_avals(fn, args, cached: bool = True):
+    """(is_tuple, container type, [(shape, dtype) or None per output]) of `fn(*args)`, by abstract
+    evaluation; `cached`: remembered per kernel and input shapes/dtypes (a caller with a holder keeps
+    its own). Per kernel in a weak dictionary: a kernel that dies (a per-offset view reader dropped by
+    `_recorded_offset`) takes its entries with it, and a new kernel given its address cannot inherit
+    its output shapes."""
+    key = tuple(_aval(a) for a in args)
+    per_fn = _aval_cache.get(fn) if cached else None
+    if per_fn is not None:
+        avals = per_fn.get(key)
+        if avals is not None:
+            return avals
+    jax = platform.jax()
+    abstract = []
+    for a in args:
+        if isinstance(a, LazyValue) and a.concrete is None:
+            abstract.append(jax.ShapeDtypeStruct(a.shape, a.dtype))
+        elif isinstance(a, LazyValue):
+            abstract.append(a.concrete)
+        else:
+            abstract.append(a)
+    out = jax.eval_shape(fn, *abstract)
+    is_tuple = isinstance(out, list | tuple)
+    leaves = list(out) if is_tuple else [out]
+    # None: an undefined output (a backward's unneeded gradient), returned as None
+    avals = (
+        is_tuple,
+        type(out) if is_tuple else None,
+        [None if o is None else (tuple(o.shape), o.dtype) for o in leaves],
+    )
+    if cached:
+        if per_fn is None:
+            per_fn = _aval_cache[fn] = {}
+        per_fn[key] = avals
     return avals
 
 
@@ -213,7 +222,7 @@ def call(fn, args, holder=None, avals=None):
     if avals is None and holder is not None:
         avals = holder.lazy_avals
     if avals is None:
-        avals = _out_avals(fn, args)
+        avals = _out_avals(fn, args, cached=holder is None)
         if holder is not None:
             holder.lazy_avals = avals
     is_tuple, kind, out_avals = avals

@@ -6,6 +6,7 @@ import contextlib
 import math
 import sys
 import threading
+import weakref
 from functools import cache
 from typing import NamedTuple
 
@@ -349,11 +350,12 @@ del _probe
 
 
 _get_ident = threading.get_ident
-# threads that have read or written tpu payloads (ident -> its `threading.Thread`), and the one that did
-# last: with more than one, payload arrays are read under DONATION_LOCK (`_array_of`). Never pruned: a
-# thread Python's `threading` does not list (started by C code or `_thread`) may still be alive and
-# reading. The Thread object, not the ident alone, tells whether it still lives: CPython reuses the
-# ident of an ended thread for the next one (a tqdm monitor would pass for a device thread forever).
+# threads that have read or written tpu payloads (ident -> a weak reference to its `threading.Thread`),
+# and the one that did last: with more than one, payload arrays are read under DONATION_LOCK
+# (`_array_of`). Never pruned: a thread Python's `threading` does not list (started by C code or
+# `_thread`) may still be alive and reading. The Thread object, not the ident alone, tells whether it
+# still lives: CPython reuses the ident of an ended thread for the next one (a tqdm monitor would pass
+# for a device thread forever, keeping generate from deferring and compiled executables from unloading).
 _device_threads: dict = {}
 _device_thread = [None]
 # held from a donation's check until the payload has the new array, and, with several threads, around a
@@ -384,12 +386,22 @@ _this_thread = threading.local()
 def note_device_thread() -> None:
     _device_thread[0] = ident = _get_ident()
     current = threading.current_thread()
-    if _device_threads.get(ident) is not current:
-        with DONATION_LOCK:  # a donation started before this thread was seen finishes first
-            _device_threads[ident] = current
-        _this_thread.marker = _ForgetOnExit(ident)
-        if len(_device_threads) > 1:
-            modes.another_thread_started()
+    seen = _device_threads.get(ident)
+    before = None if seen is None else seen()
+    if before is current:
+        return
+    with DONATION_LOCK:  # a donation started before this thread was seen finishes first
+        _device_threads[ident] = weakref.ref(current)
+    _this_thread.marker = _ForgetOnExit(ident)
+    # a thread C code started may get a new _DummyThread on each call into Python (3.12+): the same
+    # thread again, not another one
+    again = (
+        seen is not None
+        and isinstance(current, threading._DummyThread)
+        and (before is None or isinstance(before, threading._DummyThread))
+    )
+    if not again and len(_device_threads) > 1:
+        modes.another_thread_started()
 
 
 def one_device_thread() -> bool:
@@ -406,8 +418,9 @@ def _one_device_thread() -> bool:
     if len(_device_threads) <= 1:
         return True
     live = 0
-    for thread in list(_device_threads.values()):
-        live += thread.is_alive() and not isinstance(thread, threading._DummyThread)
+    for ref in list(_device_threads.values()):
+        thread = ref()
+        live += thread is not None and thread.is_alive() and not isinstance(thread, threading._DummyThread)
     return live <= 1
 
 

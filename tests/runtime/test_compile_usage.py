@@ -105,6 +105,20 @@ def test_while_loop_compiles_whole_and_matches_cpu():
     torch.testing.assert_close(got[1].cpu(), want[1])
 
 
+def test_while_loop_carrying_a_python_number_runs_op_by_op_and_matches_cpu():
+    """A Python int among the carried values has no fixed-type JAX carry: op by op, as aot_eager gives."""
+
+    def f(x):
+        return while_loop(lambda i, x: i < 5, lambda i, x: (i + 1, x * 2), (0, x))
+
+    x = torch.ones(3)
+    with pytest.warns(UserWarning, match=r"while_loop \(Python numbers among its carried values\)"):
+        got = torch.compile(f, backend="tpu")(x.to("tpu"))
+    want = f(x)
+    assert got[0] == want[0] == 5
+    torch.testing.assert_close(got[1].cpu(), want[1])
+
+
 def test_random_op_in_a_while_loop_body_runs_op_by_op_with_a_warning():
     """One key per draw would repeat the same numbers every iteration: the graph runs op by op."""
 
