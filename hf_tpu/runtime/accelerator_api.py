@@ -15,10 +15,12 @@ _ROUTED = {
     "memory_reserved": "memory_reserved",
     "max_memory_reserved": "max_memory_reserved",
     "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
     "memory_stats": "memory_stats",
     "get_memory_info": "mem_get_info",
     "current_stream": "current_stream",
     "set_stream": "set_stream",
+    "get_device_capability": "get_device_capability",
 }
 _installed = False
 

@@ -148,8 +148,15 @@ def get_device_name(device=None) -> str:
 
 
 def get_device_capability(device=None) -> dict:
+    """`supported_dtypes` as `torch.accelerator.get_device_capability` reports it, plus platform and chips."""
+    from hf_tpu.runtime.dtypes import _TORCH_TO_NUMPY
+
     _check_index(device)
-    return {"platform": _platform.platform_name(), "chips": device_count()}
+    return {
+        "supported_dtypes": set(_TORCH_TO_NUMPY),
+        "platform": _platform.platform_name(),
+        "chips": device_count(),
+    }
 
 
 def synchronize(device=None) -> None:

@@ -66,11 +66,22 @@ def register() -> None:
             "_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1"
         )
         _libs.append(shallow_copy_lib)
-        from hf_tpu.runtime import accelerator_api, autocast, module_conversion, pinned, printing, storage_api
+        from hf_tpu.runtime import (
+            accelerator_api,
+            autocast,
+            dlpack,
+            module_conversion,
+            pinned,
+            printing,
+            storage_api,
+            unsupported_layouts,
+        )
 
         autocast.register()
         storage_api.install()
         accelerator_api.install()
+        dlpack.install()
+        unsupported_layouts.install()
         printing.install()
         pinned.install()
         module_conversion.install()

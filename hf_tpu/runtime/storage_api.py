@@ -89,6 +89,22 @@ def adopt_dtype(tensor: torch.Tensor) -> None:
     p.shape, p.dtype = shape, dtype
 
 
+def byteswap_storage(storage: torch.UntypedStorage, elem_size: int) -> None:
+    """`UntypedStorage.byteswap` on tpu (torch's kernel reads the storage's fake pointer on the host)."""
+    nbytes = storage.nbytes()
+    if elem_size not in (1, 2, 4, 8):
+        raise ValueError(f"byteswap: elem_size must be 1, 2, 4 or 8, got {elem_size}")
+    if nbytes % elem_size:
+        raise RuntimeError(
+            f"byteswap: the storage's {nbytes} bytes are not a multiple of elem_size {elem_size}"
+        )
+    if elem_size == 1 or nbytes == 0:
+        return
+    rows = torch.empty(0, dtype=torch.uint8, device=storage.device)
+    rows.set_(storage, 0, (nbytes // elem_size, elem_size), (elem_size, 1))
+    rows.copy_(rows.flip(-1))
+
+
 def install() -> None:
     """Route tpu storage construction and cloning to the registry (torch's own path needs an allocator)."""
     global _installed
@@ -112,6 +128,26 @@ def install() -> None:
             return clone_storage(self)
         return base_clone(self)
 
+    base_byteswap = torch.UntypedStorage._byteswap
+
+    def _byteswap(self, elem_size):
+        if self.device.type == "tpu":
+            return byteswap_storage(self, elem_size)
+        return base_byteswap(self, elem_size)
+
+    base_resize = torch.UntypedStorage.resize_
+
+    def resize_(self, size):
+        if self.device.type == "tpu" and size != self.nbytes():
+            raise NotImplementedError(
+                f"hf_tpu: a tpu storage cannot be resized in place ({self.nbytes()} -> {size} bytes): its "
+                "payload is one fixed-size device buffer. Resize the tensor instead (tensor.resize_(...), which "
+                "moves it to a new storage) or allocate a new one."
+            )
+        return base_resize(self, size) if self.device.type != "tpu" else self
+
     torch.UntypedStorage.__new__ = __new__
     torch.UntypedStorage.clone = clone
+    torch.UntypedStorage._byteswap = _byteswap
+    torch.UntypedStorage.resize_ = resize_
     _installed = True

@@ -171,7 +171,7 @@ def op_input(t: torch.Tensor, bake_offset: bool):
     dtype's bytes, no tpu payload) are computed here and come back without a view."""
     if _get_ident() != _device_thread[0]:
         note_device_thread()
-    if t.dtype.is_complex and (t.is_conj() or t.is_neg()):
+    if t.is_neg() or (t.dtype.is_complex and t.is_conj()):  # a real tensor's neg view: `z.conj().imag`
         return _resolve_lazy_bits(t), None, None
     p = _payloads.get(t.untyped_storage().data_ptr())
     if p is None:
@@ -300,6 +300,11 @@ def write(t: torch.Tensor, value) -> None:
     """Store `value` (an array with t's shape and dtype) into tpu tensor `t`, through views."""
     if _get_ident() != _device_thread[0]:
         note_device_thread()
+    if t.is_neg() or t.is_conj():  # a bit view stores the inverse of what it reads (_resolve_lazy_bits)
+        if t.is_conj():
+            value = lazy.maybe_call(_conj_fn(), (value,))
+        if t.is_neg():
+            value = lazy.maybe_call(_neg_fn(), (value,))
     ptr = t.untyped_storage().data_ptr()
     p = REGISTRY.payload(ptr)
     if p is None:
@@ -569,6 +574,18 @@ def _as_bytes(jax, base):
     return b.reshape(-1)
 
 
+@cache
+def _conj_fn():
+    jax = platform.jax()
+    return jax.jit(jax.numpy.conj)
+
+
+@cache
+def _neg_fn():
+    jax = platform.jax()
+    return jax.jit(jax.numpy.negative)
+
+
 def _from_bytes(jax, b, dtype):
     """uint8 bytes (..., itemsize) -> dtype values."""
     jnp = jax.numpy
@@ -578,7 +595,8 @@ def _from_bytes(jax, b, dtype):
         part = jnp.float32 if dtype == jnp.complex64 else jnp.float64
         half = b.shape[-1] // 2
         pairs = jax.lax.bitcast_convert_type(b.reshape(*b.shape[:-1], 2, half), part)
-        return (pairs[..., 0] + 1j * pairs[..., 1]).astype(dtype)
+        # lax.complex, not re + 1j * im: 0 * inf would make a NaN real part, and subnormals flush
+        return jax.lax.complex(pairs[..., 0], pairs[..., 1]).astype(dtype)
     if dtype.itemsize == 1:
         return jax.lax.bitcast_convert_type(b[..., 0], dtype)
     return jax.lax.bitcast_convert_type(b, dtype)
