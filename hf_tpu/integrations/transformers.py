@@ -13,7 +13,11 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
   instead of silently running on CPU. Partial offload to cpu/disk (accelerate's documented behaviour when
   `max_memory` budgets them) is kept and logged.
 - a dtype the platform cannot hold (float64 on TPU, formats XLA lacks) fails before any weight is read.
-- the compiled decode step degrades to eager with a one-time warning if the compile path fails.
+- the compiled decode step degrades to eager with a one-time warning if the compile path fails, and a
+  user's `CompileConfig` naming inductor (its default backend, which has no tpu code generator) compiles
+  with the `tpu` backend.
+- offloaded KV caches (`cache_implementation="offloaded" | "offloaded_static"`) skip upstream's CUDA-only
+  stream handshake on tpu; watermarking (`watermarking_config`) keeps its seeded generator on CPU.
 - the decode loop does not stall the host every token: transformers' `DeferredStopCheck` (upstream: mps
   only) reads the stop flag one step late through async copies to host, and around a compiled step the
   loop's own eager ops run deferred and fused, so step N+1 is queued while step N runs.
@@ -31,6 +35,7 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import os
@@ -193,6 +198,20 @@ def fall_back_to_eager(model, exc: BaseException) -> None:
         )
 
 
+def tpu_compile_config(compile_config):
+    """A user's `CompileConfig` for a tpu model, with the `tpu` backend where it names inductor.
+
+    `CompileConfig()`'s backend defaults to "inductor" (transformers picks "tpu" only when no config is
+    given), and inductor has no tpu code generator: `generate(..., compile_config=CompileConfig(
+    fullgraph=True))` failed to compile and decoded eagerly. Its other fields (fullgraph, dynamic, mode,
+    options) are kept: the tpu backend accepts the mode and options transformers passes."""
+    if compile_config is None or compile_config.backend != "inductor":
+        return compile_config
+    routed = copy.copy(compile_config)  # keeps an instance-level `_compile_all_devices`, unlike replace()
+    routed.backend = "tpu"
+    return routed
+
+
 def _wrap_get_compiled_call(cls) -> None:
     original = cls.__dict__.get("get_compiled_call")
     if original is None or getattr(original, "__hf_tpu__", False):
@@ -204,6 +223,7 @@ def _wrap_get_compiled_call(cls) -> None:
             return original(self, compile_config)
         if getattr(self, "_hf_tpu_eager_decode", False):
             return self.__call__
+        compile_config = tpu_compile_config(compile_config)
         try:
             compiled = original(self, compile_config)
         except Exception as exc:  # noqa: BLE001 - e.g. the backend is not registered
@@ -327,6 +347,76 @@ def patch_generation_utils(module: ModuleType) -> None:
     if mixin is not None:
         _wrap_generate(mixin)
         _wrap_optimize_model_for_decode(mixin)
+
+
+# -- watermarking: seeded generators on CPU ------------------------------------------------------------------
+WATERMARK_PROCESSORS = ("WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor")
+
+
+def patch_logits_process(module: ModuleType) -> None:
+    """Watermarking processors build `torch.Generator(device=device)`, which a Python-defined device cannot
+    have (see runtime/rng.py). For tpu they are built for CPU, then their tensors move to tpu and their
+    generator stays on CPU: tpu ops given a CPU generator draw on CPU, so the greenlists (and the
+    watermarked tokens) are exactly CPU's."""
+    for name in WATERMARK_PROCESSORS:
+        cls = getattr(module, name, None)
+        original = getattr(cls, "__init__", None)
+        if original is None or getattr(original, "__hf_tpu__", False):
+            continue
+        signature = inspect.signature(original)
+        if "device" not in signature.parameters:
+            continue
+        cls.__init__ = _cpu_generator_init(original, signature)
+
+
+def _cpu_generator_init(original, signature):
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        device = bound.arguments["device"]
+        if device is None or torch.device(device).type != "tpu":
+            return original(*bound.args, **bound.kwargs)
+        bound.arguments["device"] = "cpu"
+        original(*bound.args, **bound.kwargs)
+        for attr, value in list(vars(self).items()):
+            if isinstance(value, torch.Tensor):
+                setattr(self, attr, value.to(device))
+        if "device" in vars(self):
+            self.device = device
+
+    __init__.__hf_tpu__ = True
+    return __init__
+
+
+# -- offloaded KV caches -------------------------------------------------------------------------------------
+def patch_cache_utils(module: ModuleType) -> None:
+    """`cache_implementation="offloaded" | "offloaded_static"` on tpu: `Cache.update` orders its layer
+    prefetch against `torch.cuda.default_stream(device)` (CUDA only: it failed with "Torch not compiled with
+    CUDA enabled"). tpu's copies to and from the host are queued in program order, so a tpu cache prefetches
+    the next layer and offloads this one without the stream handshake; the rest is upstream's update."""
+    cls = getattr(module, "Cache", None)
+    original = getattr(cls, "update", None)
+    if original is None or getattr(original, "__hf_tpu__", False):
+        return
+    needed = ("prefetch", "offload", "layers", "layer_class_to_replicate", "only_non_sliding")
+    source = inspect.getsource(original)
+    if "torch.cuda.default_stream" not in source or not all(name in source for name in needed):
+        return  # upstream changed how it offloads: leave it alone
+
+    @functools.wraps(original)
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        if not (getattr(self, "offloading", False) and key_states.device.type == "tpu"):
+            return original(self, key_states, value_states, layer_idx, *args, **kwargs)
+        if self.layer_class_to_replicate is not None:
+            while len(self.layers) <= layer_idx:
+                self.layers.append(self.layer_class_to_replicate())
+        self.prefetch(layer_idx + 1, self.only_non_sliding)
+        keys, values = self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+        self.offload(layer_idx, self.only_non_sliding)
+        return keys, values
+
+    update.__hf_tpu__ = True
+    cls.update = update
 
 
 # -- continuous batching: size the paged KV cache from tpu memory ---------------------------------------------

@@ -176,7 +176,7 @@ class GraphProgram:
             lowering = graph_lowering(target)
             if lowering is None:
                 missing.append(str(target))
-            elif repeated and lowering.random:
+            elif repeated and lowering.random and not (target is node.target and _draws_nothing(node)):
                 missing.append(f"{target} (random, in a loop body)")
         return missing
 
@@ -232,8 +232,7 @@ class GraphProgram:
                 elif not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*node_args, **kwargs)
                 else:
-                    random = graph_lowering(target).random
-                    key = rng.key_from(keys, next(draws)) if random else None
+                    key = rng.key_from(keys, next(draws)) if _draws_key(node) else None
                     env[node] = self._lower(target, node_args, kwargs, key, node)
             elif node.op == "output":
                 if gm is not self.gm:
@@ -493,7 +492,17 @@ def _draws_key(node) -> bool:
     if not isinstance(node.target, torch._ops.OpOverload):
         return False
     lowering = graph_lowering(node.target)
-    return lowering is not None and lowering.random
+    return lowering is not None and lowering.random and not _draws_nothing(node)
+
+
+def _draws_nothing(node) -> bool:
+    """A random op whose arguments rule out a draw: attention without dropout. Eager takes no key for it
+    (lowerings/attention.py), so neither does a graph: a compiled step then leaves the generator where
+    eager leaves it (a seeded `generate` samples the same tokens with a compiled decode step)."""
+    if node.target is not torch.ops.aten._scaled_dot_product_fused_attention_overrideable.default:
+        return False
+    dropout = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+    return isinstance(dropout, int | float) and dropout == 0
 
 
 def _wrapped_op(node):

@@ -610,6 +610,10 @@ def _note_miss_streak(hit: bool, trace: Trace) -> None:
     _streak["misses"] = 0 if hit else _streak["misses"] + 1
     if _streak["misses"] < _STORM_AT or _streak["warned"]:
         return
+    from hf_tpu.runtime import modes
+
+    if modes.deferral_is_scoped():  # generate's decode loop, deferred by hf_tpu: a new length per token
+        return  # by design, nothing the user can pad; its first-call cost is documented, not warned
     _streak["warned"] = True
     shapes = [tuple(a.shape) for a in trace.inputs if hasattr(a, "shape")][:4]
     warnings.warn(

@@ -93,6 +93,12 @@ def deferred_in_this_thread(only_thread: bool):
             set_eager_mode(EagerMode.DEFER_NEVER)
 
 
+def deferral_is_scoped() -> bool:
+    """Whether DeferAndFuse is on only for hf_tpu's own deferral of a loop (`deferred_in_this_thread`),
+    not because the user chose it."""
+    return _State.scoped_to_thread is not None
+
+
 def another_thread_started() -> None:
     """A new thread uses tpu tensors: a deferral scoped to one thread goes back to Strict (flushing)."""
     if _State.scoped_to_thread is not None:

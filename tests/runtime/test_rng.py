@@ -420,3 +420,24 @@ def test_gamma_family_sampling_on_tpu():
         atol=1e-4,
         rtol=1e-4,
     )
+
+
+def test_compiled_attention_without_dropout_draws_as_eager():
+    """SDPA with dropout_p=0 takes no key in eager, nor in a compiled graph: the draws after it (in the
+    graph and after the call) are eager's. (Each graph SDPA took one, so a seeded `generate` sampled
+    other tokens once its decode step was compiled.)"""
+
+    def f(q):
+        a = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return a + torch.rand_like(a)
+
+    q = torch.randn(1, 2, 4, 8, device=DEV)
+
+    def run(fn):
+        torch.manual_seed(7)
+        out = fn(q)
+        return out.cpu(), torch.rand(3, device=DEV).cpu()
+
+    eager, compiled = run(f), run(torch.compile(f, backend="tpu"))
+    torch.testing.assert_close(compiled[0], eager[0])
+    assert torch.equal(compiled[1], eager[1])
