@@ -7,7 +7,8 @@ or at once if that module is already imported. So import order never matters, an
 not pay for `import transformers`.
 
 Which module gets which patch is the `HOOKS` table below; the patches live in `accelerate.py`,
-`transformers.py`, `diffusers.py`, `safetensors_torch.py` and `torch_dynamo.py` next to this file.
+`transformers.py`, `diffusers.py`, `safetensors_torch.py`, `torch_dynamo.py` and `torch_flex_attention.py`
+next to this file.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
         "torch_dynamo:allow_tpu_device_queries",
     ),
     "torch._dynamo.variables.torch": ("torch_dynamo:fold_tpu_device_queries",),
+    "torch.nn.attention.flex_attention": ("torch_flex_attention:allow_tpu",),
 }
 
 _lock = threading.RLock()

@@ -73,6 +73,7 @@ def register() -> None:
             module_conversion,
             pinned,
             printing,
+            record_stream,
             storage_api,
             unsupported_layouts,
         )
@@ -84,6 +85,7 @@ def register() -> None:
         unsupported_layouts.install()
         printing.install()
         pinned.install()
+        record_stream.install()
         module_conversion.install()
         _registered = True
     from hf_tpu.runtime import upstream_caches

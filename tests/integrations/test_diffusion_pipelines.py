@@ -137,13 +137,15 @@ def test_stable_diffusion_offloaded_to_tpu_matches_cpu(sd, offload):
     [
         {"offload_type": "block_level", "num_blocks_per_group": 1},
         {"offload_type": "leaf_level", "use_stream": True},
+        {"offload_type": "leaf_level", "use_stream": True, "record_stream": True},
         {"offload_type": "block_level", "num_blocks_per_group": 1, "offload_to_disk_path": "disk"},
     ],
-    ids=["block_level", "leaf_level_stream", "block_level_disk"],
+    ids=["block_level", "leaf_level_stream", "leaf_level_record_stream", "block_level_disk"],
 )
 def test_stable_diffusion_group_offloaded_to_tpu_matches_cpu(sd, kwargs, tmp_path):
     """Group offloading moves each weight with `param.data = param.data.to(onload_device)`: refused
-    between CPU and tpu until the backend answered `_has_compatible_shallow_copy_type`."""
+    between CPU and tpu until the backend answered `_has_compatible_shallow_copy_type`. With
+    `record_stream=True` it calls `tensor.data.record_stream(torch.tpu.current_stream())`."""
     path, expected = sd
     pipe = _load(path)
     if "offload_to_disk_path" in kwargs:

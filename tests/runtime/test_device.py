@@ -183,6 +183,17 @@ def test_tensors_record_streams():
     assert (x * 2).cpu().tolist() == [2.0] * 3
 
 
+def test_tensors_record_torch_tpu_streams_as_on_cuda():
+    """`t.record_stream(torch.cuda.current_stream())` is the CUDA idiom (diffusers' group offloading with
+    `record_stream=True`); `torch.tpu.Stream` is no `torch.Stream`, which the C++ argument parser refused."""
+    x = torch.ones(3, device="tpu")
+    x.record_stream(torch.tpu.current_stream())
+    x.data.record_stream(torch.tpu.Stream())
+    assert (x * 2).cpu().tolist() == [2.0] * 3
+    with pytest.raises(NotImplementedError, match="record_stream"):  # as CPU answers for a CPU tensor
+        torch.ones(3).record_stream(torch.tpu.current_stream())
+
+
 def test_torch_equal_on_tpu_matches_cpu():
     cases = [
         (torch.tensor([1, 2]), torch.tensor([1.0, 2.0])),
