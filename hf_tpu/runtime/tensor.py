@@ -595,7 +595,7 @@ def _from_bytes(jax, b, dtype):
         part = jnp.float32 if dtype == jnp.complex64 else jnp.float64
         half = b.shape[-1] // 2
         pairs = jax.lax.bitcast_convert_type(b.reshape(*b.shape[:-1], 2, half), part)
-        # lax.complex, not re + 1j * im: 0 * inf would make a NaN real part, and subnormals flush
+        # lax.complex, not re + 1j * im: 0 * inf would make a NaN real part
         return jax.lax.complex(pairs[..., 0], pairs[..., 1]).astype(dtype)
     if dtype.itemsize == 1:
         return jax.lax.bitcast_convert_type(b[..., 0], dtype)
