@@ -34,7 +34,6 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "transformers.trainer": ("transformers:patch_trainer",),
     "transformers.generation.utils": ("transformers:patch_generation_utils",),
     "transformers.cache_utils": ("transformers:patch_cache_utils",),
-    "transformers.generation.logits_process": ("transformers:patch_logits_process",),
     "transformers.generation.continuous_batching.cache": ("transformers:patch_continuous_batching_cache",),
     "transformers.testing_utils": ("transformers:patch_testing_utils",),
     "diffusers.pipelines.pipeline_loading_utils": ("diffusers:patch_pipeline_loading_utils",),

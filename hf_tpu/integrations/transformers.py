@@ -17,7 +17,7 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
   user's `CompileConfig` naming inductor (its default backend, which has no tpu code generator) compiles
   with the `tpu` backend.
 - offloaded KV caches (`cache_implementation="offloaded" | "offloaded_static"`) skip upstream's CUDA-only
-  stream handshake on tpu; watermarking (`watermarking_config`) keeps its seeded generator on CPU.
+  stream handshake on tpu.
 - the decode loop does not stall the host every token: transformers' `DeferredStopCheck` (upstream: mps
   only) reads the stop flag one step late through async copies to host, and around a compiled step the
   loop's own eager ops run deferred and fused, so step N+1 is queued while step N runs.
@@ -347,45 +347,6 @@ def patch_generation_utils(module: ModuleType) -> None:
     if mixin is not None:
         _wrap_generate(mixin)
         _wrap_optimize_model_for_decode(mixin)
-
-
-# -- watermarking: seeded generators on CPU ------------------------------------------------------------------
-WATERMARK_PROCESSORS = ("WatermarkLogitsProcessor", "SynthIDTextWatermarkLogitsProcessor")
-
-
-def patch_logits_process(module: ModuleType) -> None:
-    """Watermarking processors build `torch.Generator(device=device)`, which a Python-defined device cannot
-    have (see runtime/rng.py). For tpu they are built for CPU, then their tensors move to tpu and their
-    generator stays on CPU: tpu ops given a CPU generator draw on CPU, so the greenlists (and the
-    watermarked tokens) are exactly CPU's."""
-    for name in WATERMARK_PROCESSORS:
-        cls = getattr(module, name, None)
-        original = getattr(cls, "__init__", None)
-        if original is None or getattr(original, "__hf_tpu__", False):
-            continue
-        signature = inspect.signature(original)
-        if "device" not in signature.parameters:
-            continue
-        cls.__init__ = _cpu_generator_init(original, signature)
-
-
-def _cpu_generator_init(original, signature):
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        device = bound.arguments["device"]
-        if device is None or torch.device(device).type != "tpu":
-            return original(*bound.args, **bound.kwargs)
-        bound.arguments["device"] = "cpu"
-        original(*bound.args, **bound.kwargs)
-        for attr, value in list(vars(self).items()):
-            if isinstance(value, torch.Tensor):
-                setattr(self, attr, value.to(device))
-        if "device" in vars(self):
-            self.device = device
-
-    __init__.__hf_tpu__ = True
-    return __init__
 
 
 # -- offloaded KV caches -------------------------------------------------------------------------------------

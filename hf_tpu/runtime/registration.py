@@ -70,6 +70,7 @@ def register() -> None:
             accelerator_api,
             autocast,
             dlpack,
+            generator,
             module_conversion,
             pinned,
             printing,
@@ -82,6 +83,7 @@ def register() -> None:
         storage_api.install()
         accelerator_api.install()
         dlpack.install()
+        generator.install()
         unsupported_layouts.install()
         printing.install()
         pinned.install()

@@ -1,8 +1,9 @@
 """The device PRNG behind torch.manual_seed for tpu tensors.
 
-`torch.Generator(device="tpu")` cannot be built from Python hooks, so the device keeps its own
-counter-based generator: (seed, offset) -> fold_in(key(seed), offset). Every random op takes the next
-offset, so a seeded program draws the same numbers every run. Ops given a CPU `generator=` draw on CPU.
+A real `torch.Generator(device="tpu")` cannot be built from Python hooks (it gives a CPU generator:
+`generator.py`), so the device keeps its own counter-based generator: (seed, offset) ->
+fold_in(key(seed), offset). Every random op takes the next offset, so a seeded program draws the same
+numbers every run. Ops given a CPU `generator=` draw on CPU.
 
 What travels to an executable is the key *material*, a host uint32 triple (seed_hi, seed_lo, offset):
 the key itself is derived inside the executable (`key_from`), so a random op or a compiled graph pays

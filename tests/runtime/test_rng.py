@@ -81,10 +81,24 @@ def test_fork_rng_restores_device_state():
     assert torch.equal(inside, after)
 
 
-def test_device_generator_is_refused_clearly():
-    # torch's Python hooks cannot create a PrivateUse1 generator; torch raises, naming getNewGenerator.
-    with pytest.raises((NotImplementedError, RuntimeError), match="getNewGenerator"):
-        torch.Generator(device=DEV)
+def test_a_tpu_generator_is_a_cpu_generator_drawing_cpus_numbers():
+    """torch's Python hooks cannot create a PrivateUse1 generator (torch raised, naming getNewGenerator):
+    `torch.Generator("tpu")`, the diffusers idiom, gives a CPU generator, whose draws on tpu are CPU's."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    for spec in ("tpu", "tpu:0", torch.device("tpu")):
+        g = torch.Generator(device=spec).manual_seed(5)
+        assert g.device.type == "cpu" and isinstance(g, torch.Generator)
+        got = torch.randn(6, generator=g, device=DEV)
+        assert got.device.type == "tpu"
+        assert torch.equal(got.cpu(), torch.randn(6, generator=torch.Generator().manual_seed(5)))
+    latents = randn_tensor((2, 3), generator=torch.Generator("tpu").manual_seed(3), device=torch.device(DEV))
+    assert torch.equal(latents.cpu(), randn_tensor((2, 3), generator=torch.Generator().manual_seed(3)))
+    # every other generator is what it was
+    assert isinstance(torch.default_generator, torch.Generator)
+    assert issubclass(torch._C.Generator, torch.Generator) and type(torch.Generator()) is torch._C.Generator
+    with pytest.raises(ValueError, match="tpu:1 does not exist"):
+        torch.Generator("tpu:1")
 
 
 # -- CPU generators: exact CPU streams --------------------------------------------------------------------
