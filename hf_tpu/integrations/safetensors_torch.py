@@ -32,10 +32,11 @@ def patch_safetensors_torch(module: ModuleType) -> None:
         return
 
     @functools.wraps(original)
-    def load_file(filename, device="cpu"):
+    def load_file(filename, device="cpu", **kwargs):  # safetensors 0.8 adds `backend=` (load_model passes it)
         if not _is_tpu(device):
-            return original(filename, device=device)
-        return {name: tensor.to(device) for name, tensor in original(filename, device="cpu").items()}
+            return original(filename, device=device, **kwargs)
+        loaded = original(filename, device="cpu", **kwargs)
+        return {name: tensor.to(device) for name, tensor in loaded.items()}
 
     load_file.__hf_tpu__ = True
     module.load_file = load_file

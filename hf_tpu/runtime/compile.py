@@ -60,7 +60,7 @@ from hf_tpu.runtime.graph_rng import (
 )
 from hf_tpu.runtime.lowering_table import graph_lowering
 from hf_tpu.runtime.storage import REGISTRY
-from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax
+from hf_tpu.runtime.tensor import DONATION_LOCK, RefProbe, to_jax, update_lock, write
 
 log = logging.getLogger("hf_tpu.compile")
 # aot_autograd threads ops with side effects (`_linalg_check_errors`) through a token: (token, *outputs)
@@ -90,6 +90,10 @@ def _decompositions() -> dict:
     for op in list(table):
         if op in TABLE or op in GRAPH_TABLE:
             del table[op]
+    # torch's decomposition of the CPU flash-attention forward saves the attention weights where its
+    # backward (kept whole) expects the logsumexp: wrong q/k/v gradients in CPU graphs (torch 2.13, any
+    # backend using core_aten_decompositions). CPU-only graphs run in PyTorch, so keep the op whole.
+    table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return table
 
 
@@ -111,6 +115,7 @@ class GraphProgram:
         self.missing = self._find_missing()
         # (input index, index of the output that becomes its new value): see `donation_plan`
         self.donation_plan = donation_plan
+        self.mutations = donation_plan  # the same pairs, kept when donation is turned off
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
         self.n_random = _count_draws(gm)
         # how each output is produced, and the nodes the jitted program returns (`plan_outputs`)
@@ -283,8 +288,14 @@ class GraphProgram:
             self._compile_ahead(args, keys, arrays)
             plan = self.donation_plan
         # donating: from the check until the payloads hold the results, so that another thread reads
-        # either the old array (and its reference stops the donation) or the new one (tensor._array_of)
-        with DONATION_LOCK if plan else contextlib.nullcontext():
+        # either the old array (and its reference stops the donation) or the new one (tensor._array_of).
+        # With several threads, a graph that updates its inputs reads and stores them as one step, as
+        # eager in-place ops do (else two threads' `count += 1` from one old value lose an update)
+        lock = update_lock() if self.mutations else contextlib.nullcontext()
+        shared = lock is DONATION_LOCK
+        with DONATION_LOCK if plan or shared else contextlib.nullcontext():
+            if shared:  # read again under the lock: another thread may have stored since
+                arrays = [to_jax(a) if _on_tpu(a) else old for a, old in zip(args, arrays)]
             donated = self._donatable(args, arrays) if plan else ()
             try:
                 if donated:
@@ -302,6 +313,11 @@ class GraphProgram:
                 if i in donated:
                     REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[self._jit_index[k]])
                     updated[k] = args[i].detach()
+            if shared:  # the rest stored here too, not by aot_autograd's write-back after the lock
+                for i, k in self.mutations:
+                    if k not in updated and _on_tpu(args[i]):
+                        write(args[i], outs[self._jit_index[k]])
+                        updated[k] = args[i].detach()
         if not self._storm_warned:
             self._check_recompile_storm(args)
         # for synchronize(); not the donated outputs: an extra reference would block their next donation
@@ -425,6 +441,10 @@ def _sole_references() -> int:
 
 
 _SOLE_REFERENCES = _sole_references()
+
+
+def _on_tpu(a) -> bool:
+    return isinstance(a, torch.Tensor) and a.device.type == "tpu"
 
 
 def _donate_enabled() -> bool:

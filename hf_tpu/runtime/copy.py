@@ -76,6 +76,8 @@ def _fit(a, shape, dtype):
 @lowers("aten::copy_", kind="host")
 def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if self.device.type == "tpu":
+        if _same_view(self, src):  # `x.copy_(x)` (aot_autograd's write-back of an input a compiled
+            return self  # graph stored already): reading then storing would undo another thread's update
         if src.device.type == "tpu":
             value = to_jax_lazy(src)
         elif src.device.type == "cpu":
@@ -91,6 +93,19 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     host_copies.complete()
     host = jax_to_host(to_jax(src))
     return self.copy_(host)
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        b.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
+        and b.device == a.device
+        and b.dtype == a.dtype
+        and b.storage_offset() == a.storage_offset()
+        and b.shape == a.shape
+        and b.stride() == a.stride()
+        and b.is_neg() == a.is_neg()
+        and b.is_conj() == a.is_conj()
+    )
 
 
 @lowers("aten::_copy_from", kind="host")

@@ -370,15 +370,16 @@ class OpKernel:
                 results, _ = self.run(full, full)
                 self._store(dest, results, dest.shape, dest.dtype, full)
             return dest
-        # out=
+        # out=: as one step too with several threads (`torch.add(x, 1, out=x)` reads its destination)
         outs = [full[i] for i in self.sig.mutable]
         fargs = [v for i, v in enumerate(full) if i not in self.sig.mutable]
-        results, spec = self.run(fargs, full)
-        if len(outs) == 1:
-            self._store_out(outs[0], results, spec, full)
-            return outs[0]
-        for o, r, s in zip(outs, results, spec or [None] * len(outs)):
-            self._store_out(o, r, s, full)
+        with update_lock():
+            results, spec = self.run(fargs, full)
+            if len(outs) == 1:
+                self._store_out(outs[0], results, spec, full)
+                return outs[0]
+            for o, r, s in zip(outs, results, spec or [None] * len(outs)):
+                self._store_out(o, r, s, full)
         return tuple(outs)
 
     def _store(self, dest, value, shape, dtype, full):

@@ -90,7 +90,9 @@ def check_capacity(nbytes: int) -> None:
         REGISTRY.sweep()
         if nbytes + REGISTRY.allocated > cap:
             raise torch.OutOfMemoryError(
-                f"tpu out of memory: tried to allocate {_human(nbytes)} ({nbytes} bytes); the device holds "
+                # "<device> out of memory. Tried to allocate" as CUDA/XPU word it: accelerate's
+                # find_executable_batch_size (Trainer's auto_find_batch_size) retries on " out of memory."
+                f"tpu out of memory. Tried to allocate {_human(nbytes)} ({nbytes} bytes); the device holds "
                 f"{_human(cap)}{_fraction_note()} of which {_human(REGISTRY.allocated)} is allocated by tensors. "
                 "Free tensors, use a smaller batch or dtype, or shard the model (device_map)."
             )
@@ -118,4 +120,4 @@ def is_jax_oom(exc: BaseException) -> bool:
 
 
 def oom_from_jax(exc: BaseException, what: str) -> torch.OutOfMemoryError:
-    return torch.OutOfMemoryError(f"tpu out of memory while running {what}: {exc}")
+    return torch.OutOfMemoryError(f"tpu out of memory. It happened while running {what}: {exc}")

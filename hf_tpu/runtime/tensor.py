@@ -431,7 +431,11 @@ def _one_device_thread() -> bool:
 
 def update_lock():
     """What a read-modify-store of a buffer holds: DONATION_LOCK while several threads use tpu tensors
-    (so no thread's update is lost), nothing while one does."""
+    (so no thread's update is lost), nothing while one does. The calling thread is counted first: its
+    first in-place op, deciding on no lock before its inputs noted it, would compute from the buffer
+    unlocked, wait for the lock to store, and overwrite every update another thread made meanwhile."""
+    if _get_ident() != _device_thread[0]:
+        note_device_thread()
     return DONATION_LOCK if len(_device_threads) > 1 else _NO_LOCK
 
 
