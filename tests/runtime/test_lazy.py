@@ -12,15 +12,6 @@ from hf_tpu.runtime import lazy
 from tests.hf_models import build, first_tensor
 
 
-@pytest.fixture
-def defer():
-    torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
-    try:
-        yield
-    finally:
-        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
-
-
 def test_ops_are_deferred_until_a_host_read(defer):
     x = torch.randn(4, 4)
     t = x.to("tpu")

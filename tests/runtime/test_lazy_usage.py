@@ -9,15 +9,6 @@ import torch
 from hf_tpu.runtime import lazy, platform
 
 
-@pytest.fixture
-def defer():
-    torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
-    try:
-        yield
-    finally:
-        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
-
-
 def test_recorded_output_shapes_do_not_come_from_a_dead_kernel(defer, monkeypatch):
     """Output shapes are cached per kernel: a kernel that died (its program dropped from the cache, as
     DeferAndFuse drops per-offset view readers) must not hand its shapes to a new kernel that CPython
