@@ -5,23 +5,50 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call lint format
+.PHONY: install test test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call lint format
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# the CPU build of torch lies on disk; install it first so the range below pulls nothing else
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[test,dev]"
+	# constraints.txt pins every dependency to the versions CI tests (make test-upstream tries newer ones)
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)
 
+# one device for the suite; the multi-chip tests in a process of their own with 8 forced host devices
+MULTICHIP_FLAGS := --xla_force_host_platform_device_count=8
+
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	XLA_FLAGS=$(MULTICHIP_FLAGS) $(PY) -m pytest -q tests/multichip $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-multichip: install
+	XLA_FLAGS=$(MULTICHIP_FLAGS) $(PY) -m pytest -q tests/multichip $(PYTEST_ARGS)
+
+# the newest transformers/diffusers/accelerate releases, on purpose, in a venv of their own
+UPSTREAM_VENV ?= .venv-upstream
+test-upstream:
+	test -x $(UPSTREAM_VENV)/bin/python || $(PYTHON) -m venv $(UPSTREAM_VENV)
+	$(UPSTREAM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(UPSTREAM_VENV)/bin/python -m pip install --quiet -e ".[test]"
+	$(UPSTREAM_VENV)/bin/python -m pip install --quiet --upgrade transformers diffusers accelerate safetensors huggingface_hub
+	$(UPSTREAM_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|diffusers|accelerate) "
+	$(UPSTREAM_VENV)/bin/python -m pytest -q tests/integrations $(PYTEST_ARGS)
+
+# after an upgrade that passes `make test`: pin what is installed
+constraints: install
+	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^torch=='; echo 'torch==2.13.0'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 test-all: install
 	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+	XLA_FLAGS=$(MULTICHIP_FLAGS) $(PY) -m pytest -q -m "slow or not slow" tests/multichip $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m compat nightly --sample smoke --device tpu

@@ -101,7 +101,9 @@ def test_unknown_platform_names_valid_ones():
 def test_torch_tpu_module_api():
     tpu = torch.tpu
     assert tpu.is_available()
-    assert tpu.device_count() == 8  # XLA_FLAGS forces 8 host devices (conftest)
+    import jax
+
+    assert tpu.device_count() == len(jax.devices()) == 1  # one device outside tests/multichip (conftest)
     assert tpu.current_device() == 0
     tpu.set_device(0)
     tpu.set_device("tpu:0")
