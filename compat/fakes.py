@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from compat.errors import InputError
+
 PHASE = "reference"
 _NONDET_CALLS = [0]
 
@@ -85,7 +87,5 @@ def build_model(behaviour: str) -> FakeModel:
 
 def build_inputs(plan: Any, gen: torch.Generator) -> dict[str, Any]:
     if plan.config.get("behaviour") == "bad-inputs":
-        from compat.inputs import InputError
-
         raise InputError(f"{plan.model_id}: injected input-builder failure")
     return {"x": torch.randn(2, 8, generator=gen)}

@@ -16,16 +16,13 @@ from typing import Any
 import torch
 
 from compat import overrides as _ov
-from compat.materialize import HarnessError, Plan
+from compat.errors import InputError
+from compat.materialize import Plan
 
 BATCH = 2
 SEQ_LEN = 16
 DEC_LEN = 8
 TEXT_COND_LEN = 8
-
-
-class InputError(HarnessError):
-    """An input the builder cannot make for this model (names the model and the argument)."""
 
 
 class NoLoss(Exception):

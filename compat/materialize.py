@@ -22,15 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from compat import overrides as _ov
+from compat.errors import HarnessError
 from compat.shrink import ShrinkError, shrink_config_dict, shrink_diffusers_config
 
 SEED = 0
 DEFAULT_HUB_MAX_PARAMS = 500_000_000
 FAKE_PREFIX = "fake/"
-
-
-class HarnessError(Exception):
-    """The harness could not build or plan the model: never counted against the backend."""
 
 
 @dataclass

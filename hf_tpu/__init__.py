@@ -4,7 +4,7 @@ Importing this package registers the device (idempotent); with the package insta
 alone already does, through the `torch.backends` entry point.
 """
 
-from hf_tpu.runtime.registration import register
+from hf_tpu.runtime.device.registration import register
 
 __version__ = "0.1.0"
 
@@ -18,7 +18,7 @@ _install_integrations()
 
 def compile(model, **kwargs):  # noqa: A001 - mirrors torch.compile
     """`torch.compile(model, backend="tpu")`; `buckets=(64, 128, ...)` pads sequence lengths (see bucketing.py)."""
-    from hf_tpu.runtime.bucketing import compile as _compile
+    from hf_tpu.runtime.compile.bucketing import compile as _compile
 
     return _compile(model, **kwargs)
 

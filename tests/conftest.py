@@ -47,10 +47,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 @pytest.fixture(autouse=True, scope="module")
 def _unload_executables_between_modules():
     """A serial run compiles tens of thousands of programs: unload them between modules when the memory
-    mappings passed half their budget, so the runtime's own unloading (hf_tpu/runtime/executables.py)
+    mappings passed half their budget, so the runtime's own unloading (hf_tpu/runtime/buffers/executables.py)
     never lands inside a test that counts recompiles."""
     yield
-    from hf_tpu.runtime import executables, platform
+    from hf_tpu.runtime.buffers import executables, platform
 
     if platform.is_initialized():
         executables.unload_if_over(0.5)

@@ -82,7 +82,7 @@ def dtypes_for(op, wanted=DTYPES) -> list[torch.dtype]:
 
 # -- which ATen overloads the tpu device covers -----------------------------------------------------
 def _ensure_device() -> None:
-    from hf_tpu.runtime import registration
+    from hf_tpu.runtime.device import registration
 
     registration.register()
     registration.ensure_kernels()
@@ -102,8 +102,8 @@ def handling(func) -> tuple[str, object]:
     cached = _handling_cache.get(func)
     if cached is not None:
         return cached
-    from hf_tpu.runtime import fallback
-    from hf_tpu.runtime.lowering_table import TABLE
+    from hf_tpu.runtime.execution import fallback
+    from hf_tpu.runtime.lowerings.table import TABLE
 
     name = func.name()
     has = torch._C._dispatch_has_kernel_for_dispatch_key
@@ -123,7 +123,7 @@ def handling(func) -> tuple[str, object]:
 
 
 def _derived(func) -> bool:
-    from hf_tpu.runtime import dispatch
+    from hf_tpu.runtime.execution import dispatch
 
     try:
         return dispatch.derived_kernel(func) is not None
@@ -612,8 +612,8 @@ class OpResult:
 
 def _family(overload: str) -> str:
     """The module that lowers an overload ('elementwise', 'copy', 'views', ...) for the report."""
-    from hf_tpu.runtime import views
-    from hf_tpu.runtime.lowering_table import TABLE, resolve
+    from hf_tpu.runtime.lowerings.table import TABLE, resolve
+    from hf_tpu.runtime.tensors import views
 
     try:
         func = resolve(overload.removeprefix("aten."))
@@ -624,7 +624,7 @@ def _family(overload: str) -> str:
     base = func._schema.name.removeprefix("aten::")
     if base in views.METADATA_OPS or f"{base}.{func._overloadname}" in views.METADATA_OPS:
         return "views"
-    from hf_tpu.runtime import dispatch
+    from hf_tpu.runtime.execution import dispatch
 
     functional = dispatch.functional_of(func)
     if functional is not None and functional in TABLE:
@@ -928,8 +928,8 @@ def _rate(rows: list[dict], statuses) -> tuple[int, int, int]:
 
 def _lowering_target(overload: str) -> str:
     """The functional overload whose lowering would cover `overload` (itself unless it is out=/in-place)."""
-    from hf_tpu.runtime import dispatch
-    from hf_tpu.runtime.lowering_table import resolve
+    from hf_tpu.runtime.execution import dispatch
+    from hf_tpu.runtime.lowerings.table import resolve
 
     try:
         functional = dispatch.functional_of(resolve(overload.removeprefix("aten.")))
@@ -955,7 +955,7 @@ def _blame(r: dict) -> str:
 
 
 def write_report(results: list[dict], out: Path, meta: dict) -> None:
-    from hf_tpu.runtime.lowering_table import TABLE
+    from hf_tpu.runtime.lowerings.table import TABLE
 
     _ensure_device()
 

@@ -13,14 +13,14 @@ from types import ModuleType
 
 
 def tpu(gm, example_inputs, **kwargs):
-    """The `tpu` backend (`hf_tpu.runtime.compile.tpu_backend`), imported when first used."""
-    from hf_tpu.runtime.compile import tpu_backend
+    """The `tpu` backend (`hf_tpu.runtime.compile.backend.tpu_backend`), imported when first used."""
+    from hf_tpu.runtime.compile.backend import tpu_backend
 
     return tpu_backend(gm, example_inputs, **kwargs)
 
 
 def register_tpu_backend(registry: ModuleType) -> None:
-    from hf_tpu.runtime import dynamo_prep
+    from hf_tpu.runtime.compile import dynamo_prep
 
     dynamo_prep.allow_float_grouped_mm_in_fake_tensors()  # before Dynamo fake-traces the first function
     # Only while TorchDynamo has not discovered its entry-point backends yet. Once it has, the lookup
@@ -32,7 +32,7 @@ def register_tpu_backend(registry: ModuleType) -> None:
 
 def keep_out_of_the_runtime(trace_rules: ModuleType) -> None:
     """As Dynamo's trace rules load: never trace hf_tpu's runtime or JAX, whichever backend compiles."""
-    from hf_tpu.runtime import dynamo_prep
+    from hf_tpu.runtime.compile import dynamo_prep
 
     dynamo_prep.keep_dynamo_out_of_the_runtime(trace_rules)
 
@@ -40,13 +40,13 @@ def keep_out_of_the_runtime(trace_rules: ModuleType) -> None:
 def allow_tpu_device_queries(trace_rules: ModuleType) -> None:
     """As Dynamo's trace rules load: `torch.tpu.is_available()` and the like may be called while tracing
     although the runtime is skipped (`fold_tpu_device_queries` makes them constants)."""
-    from hf_tpu.runtime import dynamo_prep
+    from hf_tpu.runtime.compile import dynamo_prep
 
     dynamo_prep.fold_device_queries(trace_rules=trace_rules)
 
 
 def fold_tpu_device_queries(variables_torch: ModuleType) -> None:
     """As Dynamo's torch-function rules load: `torch.tpu.is_available()` and the like fold to constants."""
-    from hf_tpu.runtime import dynamo_prep
+    from hf_tpu.runtime.compile import dynamo_prep
 
     dynamo_prep.fold_device_queries(variables_torch=variables_torch)

@@ -23,7 +23,7 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
   loop's own eager ops run deferred and fused, so step N+1 is queued while step N runs.
 - continuous batching (`generate_batch`) sizes its paged KV cache from tpu memory, not the host's.
 - `Trainer` (with accelerate's `PartialState` now picking tpu, see `accelerate.py`): `dataloader_pin_memory`
-  is turned off on tpu (there is nothing to pin, see runtime/pinned.py: no pinning thread is needed), as
+  is turned off on tpu (there is nothing to pin, see runtime/device/pinned.py: no pinning thread is needed), as
   transformers does for `use_cpu`; the default `adamw_torch_fused` runs the runtime's `_fused_adamw_`
   (it becomes `adamw_torch` only on a runtime without that kernel). Checkpoints (`save_steps`) also hold
   the tpu generator's state under "tpu" and `resume_from_checkpoint` restores it (transformers saves only
@@ -113,7 +113,7 @@ def _wrap_get_device_map(original):
 # -- dtype --------------------------------------------------------------------------------------------------
 def check_tpu_dtype(dtype) -> None:
     """A dtype the tpu cannot hold on this platform: fail now, naming the fix, not halfway through a load."""
-    from hf_tpu.runtime import dtypes, platform
+    from hf_tpu.runtime.buffers import dtypes, platform
 
     if isinstance(dtype, dict):
         for value in dtype.values():
@@ -265,7 +265,7 @@ def _deferred_stop_check_for_tpu(original: type) -> type:
         def __init__(self, input_ids, *args, **kwargs) -> None:
             super().__init__(input_ids, *args, **kwargs)
             if input_ids.device.type == "tpu":
-                from hf_tpu.runtime.host_copies import mark_async_target
+                from hf_tpu.runtime.buffers.host_copies import mark_async_target
 
                 self.slots = type(self.slots)(
                     (mark_async_target(flag), mark_async_target(tokens), torch.tpu.Event(blocking=True))
@@ -325,9 +325,9 @@ def _wrap_optimize_model_for_decode(cls) -> None:
 def _deferred_decode_loop():
     """DeferAndFuse for the loop when the mode is Strict and this is the one Python thread using tpu
     tensors (the mode is process-wide: another thread's ops would be deferred too). A thread that starts
-    using tpu tensors during the loop turns it back to Strict (hf_tpu.runtime.modes)."""
-    from hf_tpu.runtime import modes
-    from hf_tpu.runtime.tensor import one_device_thread
+    using tpu tensors during the loop turns it back to Strict (hf_tpu.runtime.launch.modes)."""
+    from hf_tpu.runtime.buffers.threads import one_device_thread
+    from hf_tpu.runtime.launch import modes
 
     with modes.deferred_in_this_thread(one_device_thread()):
         yield
@@ -391,7 +391,7 @@ HOST_BACKED_CACHE_SHARE = 0.1
 
 def tpu_memory_breakdown() -> tuple[torch.device, int, int, int]:
     """(device, total, reserved, allocated) bytes of the tpu, in continuous batching's terms."""
-    from hf_tpu.runtime import memory
+    from hf_tpu.runtime.buffers import memory
 
     free, total = torch.tpu.mem_get_info()
     if memory.host_backed():
@@ -534,7 +534,7 @@ def patch_trainer(module: ModuleType) -> None:
 
 def _has_lowering(op: str) -> bool:
     """Whether the tpu runtime registered a kernel for `op` (e.g. "aten::_fused_adamw_")."""
-    from hf_tpu.runtime.registration import ensure_kernels
+    from hf_tpu.runtime.device.registration import ensure_kernels
 
     ensure_kernels()
     return torch._C._dispatch_has_kernel_for_dispatch_key(op, "PrivateUse1")

@@ -8,7 +8,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 import hf_tpu.integrations.transformers as integ
-from hf_tpu.runtime import memory
+from hf_tpu.runtime.buffers import memory
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
 

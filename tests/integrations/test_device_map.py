@@ -162,7 +162,7 @@ def test_auto_with_max_memory_too_small_fails_before_loading(llama_cpu, max_memo
 
 
 def test_unsupported_dtype_fails_before_loading(llama_cpu):
-    from hf_tpu.runtime.dtypes import UnsupportedDtypeError
+    from hf_tpu.runtime.buffers.dtypes import UnsupportedDtypeError
 
     _, path, _ = llama_cpu
     with pytest.raises(UnsupportedDtypeError, match=r"float8_e4m3fnuz.*cannot load onto the tpu"):

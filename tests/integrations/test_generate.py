@@ -57,7 +57,7 @@ def test_dynamic_cache_decode_under_defer_and_fuse_runs_new_lengths_op_by_op(lla
     """Under DeferAndFuse a DynamicCache decode step is the same trace at a new length every token: it
     runs op by op (only the kernels of the growing attention compile) instead of compiling a whole
     program per token, and the tokens are CPU's."""
-    from hf_tpu.runtime import lazy
+    from hf_tpu.runtime.launch import lazy
 
     model, _, ids = llama_cpu
     expected = model.generate(ids, max_new_tokens=8, min_new_tokens=8, do_sample=False)

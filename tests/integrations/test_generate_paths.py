@@ -105,7 +105,7 @@ def test_static_cache_generate_does_not_warn_of_a_compile_storm(llama_cpu, monke
     caller already uses) must not fire for it."""
     import warnings
 
-    from hf_tpu.runtime import lazy
+    from hf_tpu.runtime.launch import lazy
 
     model, path, ids = llama_cpu
     loaded = AutoModelForCausalLM.from_pretrained(path, device_map="tpu").eval()

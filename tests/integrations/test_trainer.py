@@ -99,7 +99,7 @@ def test_trainer_with_torch_compile_uses_the_tpu_backend_and_matches_cpu(tmp_pat
 def test_trainer_under_defer_and_fuse_matches_cpu(tmp_path):
     """A user who sets DeferAndFuse and calls Trainer: accumulation, clipping and checkpointing fuse, and
     the losses are CPU's."""
-    from hf_tpu.runtime import lazy
+    from hf_tpu.runtime.launch import lazy
 
     extra = dict(gradient_accumulation_steps=2, max_grad_norm=0.5, activation_checkpointing=True)
     _, cpu_model, cpu_losses = _train(tmp_path, use_cpu=True, **extra)

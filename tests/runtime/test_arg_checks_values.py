@@ -435,7 +435,7 @@ def test_dtype_cpu_lacks_gets_the_checks_own_message():
 def test_every_value_checked_overload_has_a_tpu_kernel():
     """A check registered on an overload that never reaches OpKernel would be dead code."""
     from hf_tpu.runtime import arg_checks
-    from hf_tpu.runtime.lowering_table import TABLE
+    from hf_tpu.runtime.lowerings.table import TABLE
 
     torch.zeros(1, device="tpu") + 1  # registers the kernels and loads every check module
     checked = [op for op, (_, by_value) in arg_checks.CHECKS.items() if by_value]

@@ -86,7 +86,7 @@ def test_default_folder_follows_xdg_and_a_jax_setting_wins(tmp_path):
 
 
 def test_prune_keeps_the_folder_under_its_cap(tmp_path):
-    from hf_tpu.runtime.platform import prune_cache
+    from hf_tpu.runtime.buffers.platform import prune_cache
 
     for i in range(10):
         f = tmp_path / f"entry{i}-cache"
@@ -99,7 +99,7 @@ def test_prune_keeps_the_folder_under_its_cap(tmp_path):
 
 
 def test_prune_runs_at_most_once_a_day(tmp_path):
-    from hf_tpu.runtime import platform
+    from hf_tpu.runtime.buffers import platform
 
     for i in range(4):
         (tmp_path / f"e{i}-cache").write_bytes(b"x" * 1000)

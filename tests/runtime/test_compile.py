@@ -6,8 +6,8 @@ import warnings
 import pytest
 import torch
 
-from hf_tpu.runtime import compile as tpu_compile
-from hf_tpu.runtime import lazy
+from hf_tpu.runtime.compile import backend as tpu_compile
+from hf_tpu.runtime.launch import lazy
 from tests.hf_models import build, first_tensor
 
 
@@ -120,7 +120,7 @@ def test_bucketing_padding_changes_no_result():
 
 # -- donated buffers: inputs the graph overwrites are updated in place by XLA ----------------------
 def _payload(t):
-    from hf_tpu.runtime.storage import REGISTRY
+    from hf_tpu.runtime.buffers.storage import REGISTRY
 
     return REGISTRY.payload(t.untyped_storage().data_ptr())
 
@@ -441,7 +441,7 @@ def test_a_float32_moe_model_can_be_the_first_compile_of_a_process():
 import sys, torch
 sys.path.insert(0, %r)
 import hf_tpu
-assert "hf_tpu.runtime.compile" not in sys.modules
+assert "hf_tpu.runtime.compile.backend" not in sys.modules
 from tests.integrations import zoo
 model, inputs = zoo.build("qwen3_moe")
 with torch.no_grad():

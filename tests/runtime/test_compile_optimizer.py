@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hf_tpu.runtime import compile as tpu_compile
-from hf_tpu.runtime.lowering_table import graph_lowering
+from hf_tpu.runtime.compile import backend as tpu_compile
+from hf_tpu.runtime.lowerings.table import graph_lowering
 
 STEPS = 3
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hf_tpu.runtime import compile as tpu_compile
+from hf_tpu.runtime.compile import backend as tpu_compile
 
 
 @pytest.fixture(autouse=True)

@@ -183,7 +183,7 @@ def test_nested_compile_region_matches_cpu():
 
 
 def test_control_flow_with_an_op_without_graph_lowering_runs_op_by_op(monkeypatch):
-    from hf_tpu.runtime import compile as tpu_compile
+    from hf_tpu.runtime.compile import backend as tpu_compile
 
     lowering = tpu_compile.graph_lowering
     monkeypatch.setattr(

@@ -169,7 +169,7 @@ def test_mem_get_info_on_host_memory_is_bounded_by_what_the_host_has():
     """On JAX's CPU platform device memory is host RAM shared with everything else."""
     import psutil
 
-    from hf_tpu.runtime import memory
+    from hf_tpu.runtime.buffers import memory
 
     free, total = torch.tpu.mem_get_info()
     assert 0 < free <= total

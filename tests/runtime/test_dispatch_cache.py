@@ -6,8 +6,9 @@ import math
 
 import torch
 
-from hf_tpu.runtime import dispatch, registration
-from hf_tpu.runtime.lowering_table import TABLE
+from hf_tpu.runtime.device import registration
+from hf_tpu.runtime.execution import dispatch
+from hf_tpu.runtime.lowerings.table import TABLE
 
 
 def _kernel(op) -> dispatch.OpKernel:
@@ -52,7 +53,7 @@ def test_large_int_scalar_is_exact():
 
 def test_output_storages_are_unique_and_freed():
     """Outputs get distinct fake pointers with the right byte size, and dead ones are swept."""
-    from hf_tpu.runtime.storage import REGISTRY
+    from hf_tpu.runtime.buffers.storage import REGISTRY
 
     a = torch.ones(4, 4, device="tpu")
     outs = [a + i for i in range(10)]

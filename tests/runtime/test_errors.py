@@ -87,7 +87,7 @@ def test_debug_mode_blocks_and_names_op_and_user_frame():
         y = (x * 2).sum()
         assert y.item() == 8.0
         from hf_tpu.runtime import dispatch
-        from hf_tpu.runtime.lowering_table import TABLE, Lowering, resolve
+        from hf_tpu.runtime.lowerings.table import TABLE, Lowering, resolve
         def broken(x):
             raise ValueError("boom inside the lowering")
         k = dispatch.OpKernel(resolve("aten::exp"), Lowering(broken))
@@ -137,7 +137,7 @@ def test_a_device_index_other_than_0_is_refused(make):
 
 def test_cpu_fallback_copies_back_written_tensor_lists():
     """A fallback op that writes a list argument (`_foreach_*_`, AMP's unscale) updates the tpu tensors."""
-    from hf_tpu.runtime import fallback
+    from hf_tpu.runtime.execution import fallback
 
     xs = [torch.ones(3, device="tpu"), torch.full((2,), 2.0, device="tpu")]
     fallback.cpu_fallback(torch.ops.aten._foreach_mul_.Scalar, (xs, 3.0), {})

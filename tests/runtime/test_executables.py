@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import hf_tpu  # noqa: F401
-from hf_tpu.runtime import executables
+from hf_tpu.runtime.buffers import executables
 
 pytestmark = pytest.mark.skipif(executables.map_count() is None, reason="the OS does not list mappings")
 

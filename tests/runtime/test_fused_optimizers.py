@@ -56,8 +56,8 @@ def test_fused_step_matches_cpu(name):
 
 @pytest.mark.parametrize("tensor_lr", [False, True], ids=["float_lr", "tensor_lr"])
 def test_lr_schedule_does_not_recompile(tensor_lr):
-    from hf_tpu.runtime.lowering_table import TABLE
-    from hf_tpu.runtime.registration import ensure_kernels
+    from hf_tpu.runtime.device.registration import ensure_kernels
+    from hf_tpu.runtime.lowerings.table import TABLE
 
     ensure_kernels()
     op = torch.ops.aten._fused_adamw_.tensor_lr if tensor_lr else torch.ops.aten._fused_adamw_.default
@@ -118,7 +118,7 @@ def test_bf16_params_step_in_float32_like_cpu():
 
 
 def test_fused_step_under_defer_and_fuse_is_one_recording():
-    from hf_tpu.runtime import lazy
+    from hf_tpu.runtime.launch import lazy
 
     cpu, dev = _model_pair()
     opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2, fused=True)
@@ -154,8 +154,8 @@ def test_compiled_step_runs_the_fused_kernel_and_matches_cpu():
 def test_functional_graph_lowering_matches_cpu_functional_op(amsgrad):
     import jax.numpy as jnp
 
-    from hf_tpu.runtime.lowering_table import GRAPH_TABLE
-    from hf_tpu.runtime.registration import ensure_kernels
+    from hf_tpu.runtime.device.registration import ensure_kernels
+    from hf_tpu.runtime.lowerings.table import GRAPH_TABLE
 
     ensure_kernels()
     torch.manual_seed(0)

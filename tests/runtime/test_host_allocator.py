@@ -7,7 +7,7 @@ import platform as host
 
 import pytest
 
-from hf_tpu.runtime import platform
+from hf_tpu.runtime.buffers import platform
 
 
 def _is_glibc() -> bool:

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from hf_tpu.runtime import host_copies
+from hf_tpu.runtime.buffers import host_copies
 
 
 def _slow_value(n: int = 1200) -> tuple[torch.Tensor, torch.Tensor]:

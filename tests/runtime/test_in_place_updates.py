@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from hf_tpu.runtime.storage import REGISTRY
+from hf_tpu.runtime.buffers.storage import REGISTRY
 
 
 def _buffer(t: torch.Tensor) -> int:
@@ -149,7 +149,7 @@ def test_another_thread_reading_while_one_updates_in_place():
     lock, and the reference it holds meanwhile makes that update copy instead."""
     import threading
 
-    from hf_tpu.runtime import tensor
+    from hf_tpu.runtime.buffers import threads
 
     w, _ = _written(1 << 16)
     errors, reads, stop = [], [], threading.Event()
@@ -172,7 +172,7 @@ def test_another_thread_reading_while_one_updates_in_place():
     assert errors == []
     assert reads and all(0 <= r <= 1000 for r in reads)
     assert w[0].item() == 1000 and w[-1].item() == (1 << 16) - 1 + 1000
-    assert tensor._one_device_thread()  # the reader has ended: forgotten, and updates are in place again
+    assert threads._one_device_thread()  # the reader has ended: forgotten, and updates are in place again
     before = _buffer(w)
     w.add_(1)
     assert _buffer(w) == before
@@ -208,7 +208,7 @@ def test_a_thread_given_an_ended_device_threads_ident_is_not_a_device_thread():
     executables from unloading for as long as it lives."""
     import threading
 
-    from hf_tpu.runtime import tensor
+    from hf_tpu.runtime.buffers import threads
 
     x, _ = _written(1 << 12)
     worker = threading.Thread(target=lambda: (x + 1).cpu())
@@ -220,7 +220,7 @@ def test_a_thread_given_an_ended_device_threads_ident_is_not_a_device_thread():
         release.set()
         pytest.skip("CPython gave no new thread the ended thread's ident")
     try:
-        assert tensor.one_device_thread()
+        assert threads.one_device_thread()
     finally:
         release.set()
         idle.join()
@@ -231,7 +231,7 @@ def test_a_thread_given_an_ended_device_threads_ident_is_noted_when_it_uses_tpu(
     as a second device thread, so no buffer it reads is donated."""
     import threading
 
-    from hf_tpu.runtime import tensor
+    from hf_tpu.runtime.buffers import threads
 
     x, ref = _written(1 << 12)
     worker = threading.Thread(target=lambda: (x + 1).cpu())
@@ -254,7 +254,7 @@ def test_a_thread_given_an_ended_device_threads_ident_is_noted_when_it_uses_tpu(
         pytest.skip("CPython gave no new thread the ended thread's ident")
     try:
         assert read.wait(60) and errors == []
-        assert not tensor._one_device_thread()
+        assert not threads._one_device_thread()
         assert torch.equal(reads[0], ref)
     finally:
         release.set()
@@ -336,7 +336,7 @@ def test_box_writes_cost_the_view_not_the_buffer():
     an 800-element box of a 32 MB buffer (the segment-and-pad path moved all of it)."""
     import jax.numpy as jnp
 
-    from hf_tpu.runtime import strided, tensor
+    from hf_tpu.runtime.tensors import strided, tensor
 
     base_shape, view = (1, 1, 128, 1 << 16), torch.empty(1, 1, 128, 1 << 16, device="meta")[:, :, :8, :100]
     plan = strided.box_plan(tuple(view.shape), view.stride(), for_write=True)

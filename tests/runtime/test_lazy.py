@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_tpu.runtime import lazy
+from hf_tpu.runtime.launch import lazy
 from tests.hf_models import build, first_tensor
 
 
@@ -249,8 +249,8 @@ def _failing_exp(fail_times: list):
     would): fails while `fail_times[0]` > 0, counting down."""
     import jax
 
-    from hf_tpu.runtime import dispatch
-    from hf_tpu.runtime.lowering_table import Lowering, resolve
+    from hf_tpu.runtime.execution import dispatch
+    from hf_tpu.runtime.lowerings.table import Lowering, resolve
 
     def host_exp(a):
         if fail_times[0] > 0:
@@ -353,7 +353,7 @@ def _live_mib() -> float:
 
     import jax
 
-    from hf_tpu.runtime.storage import REGISTRY
+    from hf_tpu.runtime.buffers.storage import REGISTRY
 
     gc.collect()
     REGISTRY.sweep()
@@ -414,7 +414,7 @@ def test_op_by_op_drops_intermediates_after_their_last_read(defer, monkeypatch):
 
 
 def _lazy_array(t):
-    from hf_tpu.runtime.tensor import to_jax_lazy
+    from hf_tpu.runtime.tensors.tensor import to_jax_lazy
 
     return to_jax_lazy(t)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_tpu.runtime import lazy
+from hf_tpu.runtime.launch import lazy
 
 
 def _mlp():

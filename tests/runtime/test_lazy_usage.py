@@ -6,7 +6,8 @@ import gc
 import pytest
 import torch
 
-from hf_tpu.runtime import lazy, platform
+from hf_tpu.runtime.buffers import platform
+from hf_tpu.runtime.launch import lazy
 
 
 def test_recorded_output_shapes_do_not_come_from_a_dead_kernel(defer, monkeypatch):

@@ -932,7 +932,7 @@ def test_clip_grad_norm_matches_cpu():
 
 
 def test_foreach_mm_matches_cpu_in_one_executable():
-    from hf_tpu.runtime import lazy
+    from hf_tpu.runtime.launch import lazy
 
     torch.manual_seed(0)
     a = [torch.randn(3, 4), torch.randn(5, 2), torch.randn(1, 8)]

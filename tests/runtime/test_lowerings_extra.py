@@ -282,7 +282,7 @@ def test_fused_adagrad_matches_cpu(name):
     for s_cpu, s_dev in zip(opt_cpu.state.values(), opt_dev.state.values()):
         torch.testing.assert_close(s_dev["sum"].cpu(), s_cpu["sum"], rtol=1e-5, atol=1e-6)
         assert float(s_dev["step"].cpu()) == float(s_cpu["step"]) == 4
-    from hf_tpu.runtime.lowering_table import TABLE
+    from hf_tpu.runtime.lowerings.table import TABLE
 
     assert TABLE[torch.ops.aten._fused_adagrad_.default].fn.cache  # the fused kernel ran
 
@@ -291,7 +291,7 @@ def test_functional_fused_adagrad_graph_lowering_matches_cpu():
     """`_fused_adagrad` (what traced graphs hold) returns the updated lists, as CPU's functional op."""
     import jax.numpy as jnp
 
-    from hf_tpu.runtime.lowering_table import GRAPH_TABLE
+    from hf_tpu.runtime.lowerings.table import GRAPH_TABLE
 
     g = _gen(13)
     lists = [[torch.randn(3, 2, generator=g)] for _ in range(3)] + [[torch.tensor(2.0)]]

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_tpu.runtime.lowering_table import TABLE
+from hf_tpu.runtime.lowerings.table import TABLE
 
 aten = torch.ops.aten
 

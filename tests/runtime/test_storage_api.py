@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 
-from hf_tpu.runtime.storage import REGISTRY
+from hf_tpu.runtime.buffers.storage import REGISTRY
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.int32, torch.uint8, torch.bool]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_tpu.runtime.strided import box_plan
+from hf_tpu.runtime.tensors.strided import box_plan
 
 VIEWS = {
     "t": lambda x: x.flatten(1).t(),

@@ -6,7 +6,7 @@ import threading
 import pytest
 import torch
 
-from hf_tpu.runtime.storage import REGISTRY
+from hf_tpu.runtime.buffers.storage import REGISTRY
 
 
 def tpu(x):

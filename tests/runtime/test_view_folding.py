@@ -11,8 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_tpu.runtime import dispatch, tensor
-from hf_tpu.runtime.tensor import View, op_input
+from hf_tpu.runtime.execution import dispatch
+from hf_tpu.runtime.tensors import tensor
+from hf_tpu.runtime.tensors.tensor import View, op_input
 
 
 @pytest.fixture

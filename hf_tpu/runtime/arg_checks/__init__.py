@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from hf_tpu.runtime.lowering_table import resolve
+from hf_tpu.runtime.lowerings.table import resolve
 
 # functional overload -> (static checks, value checks)
 CHECKS: dict[torch._ops.OpOverload, tuple[list[Callable], list[Callable]]] = {}

@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 
 from hf_tpu.runtime.arg_checks import checks
-from hf_tpu.runtime.lowering_table import resolve
+from hf_tpu.runtime.lowerings.table import resolve
 
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 _LAPACK_DTYPES = (torch.float32, torch.float64, torch.complex64, torch.complex128)

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.comparisons import clamp_values, maximum
 from hf_tpu.runtime.lowerings.elementwise import category, promote, to_float
+from hf_tpu.runtime.lowerings.table import lowers
 
 _SQRT_2_OVER_PI = math.sqrt(2 / math.pi)
 _INV_SQRT_2 = 1 / math.sqrt(2)

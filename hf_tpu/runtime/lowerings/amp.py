@@ -13,10 +13,10 @@ import threading
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime import lazy
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.launch import lazy
 from hf_tpu.runtime.lowerings.elementwise import opmath
-from hf_tpu.runtime.tensor import to_jax_lazy, write
+from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.tensor import to_jax_lazy, write
 
 _lock = threading.Lock()
 _unscale_cache: dict = {}

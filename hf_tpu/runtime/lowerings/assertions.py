@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_tpu.runtime import modes
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.launch import modes
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 @lowers("aten::_assert_async", "aten::_assert_async.msg", kind="host")

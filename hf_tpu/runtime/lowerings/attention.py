@@ -20,14 +20,17 @@ from functools import cache
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend
 
-from hf_tpu.runtime import arg_checks, lazy, platform, rng
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime import arg_checks
+from hf_tpu.runtime.buffers import placement, platform
+from hf_tpu.runtime.launch import lazy, rng
 from hf_tpu.runtime.lowerings.linalg import operands, precision
-from hf_tpu.runtime.strided import inverse_order, memory_order
-from hf_tpu.runtime.tensor import op_inputs, read_input, wrap
+from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.strided import inverse_order, memory_order
+from hf_tpu.runtime.tensors.tensor import op_inputs, read_input, wrap
 
 _HALF = (jnp.bfloat16, jnp.float16)
 
@@ -141,7 +144,7 @@ def _draw_seed(rng_key):
 def _no_seed():
     """The (seed, offset) slots without dropout: two shared zeros (arrays are immutable; a write into
     the returned tensors replaces their storage's array, never this one)."""
-    zero = jax.device_put(jnp.zeros((), jnp.int64), platform.default_device())
+    zero = placement.numpy_to_jax(np.zeros((), np.int64))
     return zero, zero
 
 

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.elementwise import cast, category, promote, result_type
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 def _common(x, other):
@@ -249,7 +249,7 @@ def equal(a, b) -> bool:
         )
     if tuple(a.shape) != tuple(b.shape):
         return False
-    from hf_tpu.runtime.tensor import to_jax
+    from hf_tpu.runtime.tensors.tensor import to_jax
 
     x, y = to_jax(a), to_jax(b)
     return bool(_all_equal(x, y))

@@ -14,8 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.linalg import accumulation_type, operands, precision
+from hf_tpu.runtime.lowerings.table import lowers
 
 _SPATIAL = {1: "H", 2: "HW", 3: "DHW"}
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.lowerings.table import lowers
 
 # "impossible" in log space: a finite stand-in for -inf, so the recursion's gradients stay finite
 # (logaddexp of two -inf has a NaN gradient); values below _IMPOSSIBLE come back as -inf / an infinite loss

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from hf_tpu.runtime.dtypes import convert
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.buffers.dtypes import convert
+from hf_tpu.runtime.lowerings.table import lowers
 
 # -- type promotion helpers (shared with comparisons.py and activations.py) ------------------------
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))

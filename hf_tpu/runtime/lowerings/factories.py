@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hf_tpu.runtime import platform
-from hf_tpu.runtime.dtypes import to_jax_dtype
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.buffers import platform
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 @lowers("aten::fill.Scalar")

@@ -11,7 +11,7 @@ import math
 
 import jax.numpy as jnp
 
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 def _scale(x, n: int, normalization: int):

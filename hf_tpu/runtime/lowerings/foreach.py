@@ -22,9 +22,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from hf_tpu.runtime import lazy
-from hf_tpu.runtime.dtypes import to_jax_dtype
-from hf_tpu.runtime.lowering_table import TABLE, lowers
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
+from hf_tpu.runtime.launch import lazy
 from hf_tpu.runtime.lowerings import comparisons as cmp
 from hf_tpu.runtime.lowerings import elementwise as ew
 from hf_tpu.runtime.lowerings import (
@@ -32,7 +31,8 @@ from hf_tpu.runtime.lowerings import (
     special,  # noqa: F401 - registers lgamma, used below
 )
 from hf_tpu.runtime.lowerings.elementwise import opmath
-from hf_tpu.runtime.tensor import to_jax_lazy, wrap, write
+from hf_tpu.runtime.lowerings.table import TABLE, lowers
+from hf_tpu.runtime.tensors.tensor import to_jax_lazy, wrap, write
 
 _UNARY = (
     "abs acos asin atan ceil cos cosh erf erfc exp expm1 floor frac lgamma log log10 log1p log2 neg "

@@ -11,9 +11,9 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime.dtypes import convert, to_jax_dtype
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.buffers.dtypes import convert, to_jax_dtype
 from hf_tpu.runtime.lowerings.shape import unfold_copy
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 def _shape(x, size):
@@ -303,6 +303,6 @@ def unbind(x, dim=0):
 @lowers("aten::index.Tensor", graph=True)
 def index(x, indices):
     """Integer advanced indexing (bool masks have data-dependent shapes and never reach a graph)."""
-    from hf_tpu.runtime.lowering_table import TABLE, resolve
+    from hf_tpu.runtime.lowerings.table import TABLE, resolve
 
     return TABLE[resolve("aten::_unsafe_index.Tensor")].fn(x, indices)

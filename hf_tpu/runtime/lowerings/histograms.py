@@ -29,11 +29,11 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hf_tpu.runtime import platform
-from hf_tpu.runtime.dtypes import to_torch_dtype
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.buffers import platform
+from hf_tpu.runtime.buffers.dtypes import to_torch_dtype
 from hf_tpu.runtime.lowerings.factories import linspace
-from hf_tpu.runtime.tensor import to_jax, wrap
+from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.tensor import to_jax, wrap
 
 _HALF = (jnp.bfloat16, jnp.float16)
 

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from hf_tpu.runtime.lowering_table import Lowering, lowers, resolve
-from hf_tpu.runtime.tensor import to_jax, wrap
+from hf_tpu.runtime.lowerings.table import Lowering, eager_kernel, lowers
+from hf_tpu.runtime.tensors.tensor import to_jax, wrap
 
 _MASK_DTYPES = (jnp.bool_, jnp.uint8)
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
@@ -261,24 +261,6 @@ def _device_indices(indices, expand_masks: bool) -> list:
     return out
 
 
-_kernels: dict = {}
-
-
-def _kernel(name: str, fn, inplace_of: str | None = None):
-    """The jitted dispatcher kernel running `fn` for overload `name` (built once, on first use)."""
-    kernel = _kernels.get(name)
-    if kernel is None:
-        from hf_tpu.runtime.dispatch import OpKernel
-
-        op = resolve(name)
-        if inplace_of is None:
-            kernel = OpKernel(op, Lowering(fn))
-        else:
-            kernel = OpKernel(op, Lowering(fn), mode="inplace", functional=resolve(inplace_of))
-        _kernels[name] = kernel
-    return kernel
-
-
 def _check_masks(x: torch.Tensor, indices) -> None:
     """CPU's shape check of boolean masks (a mask indexes as many dims as it has, and must match them):
     XLA would read a mismatched mask as out-of-range integer indices and clamp."""
@@ -310,7 +292,7 @@ def index(x: torch.Tensor, indices) -> torch.Tensor:
     _check_masks(x, indices)
     if _needs_host_pass(indices, masks=True):
         indices = _device_indices(indices, expand_masks=True)
-    return _kernel("aten::index.Tensor", _index)(x, indices)
+    return eager_kernel("aten::index.Tensor", Lowering(_index))(x, indices)
 
 
 @lowers("aten::index_put_", kind="host")
@@ -318,7 +300,7 @@ def index_put_(x: torch.Tensor, indices, values, accumulate: bool = False) -> to
     _check_masks(x, indices)
     if _needs_host_pass(indices, masks=False):
         indices = _device_indices(indices, expand_masks=False)
-    return _kernel("aten::index_put_", index_put, inplace_of="aten::index_put")(
+    return eager_kernel("aten::index_put_", Lowering(index_put), inplace_of="aten::index_put")(
         x, indices, values, accumulate
     )
 
@@ -328,9 +310,9 @@ def _index_put_impl_(x, indices, values, accumulate=False, unsafe=False) -> torc
     _check_masks(x, indices)
     if _needs_host_pass(indices, masks=False):
         indices = _device_indices(indices, expand_masks=False)
-    return _kernel("aten::_index_put_impl_", _index_put_impl, inplace_of="aten::_index_put_impl")(
-        x, indices, values, accumulate, unsafe
-    )
+    return eager_kernel(
+        "aten::_index_put_impl_", Lowering(_index_put_impl), inplace_of="aten::_index_put_impl"
+    )(x, indices, values, accumulate, unsafe)
 
 
 # -- index_select / index_copy / index_add / index_fill / index_reduce ------------------------------

@@ -16,10 +16,10 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import torch
 
-from hf_tpu.runtime import platform
-from hf_tpu.runtime.dtypes import to_jax_dtype
-from hf_tpu.runtime.lowering_table import lowers
-from hf_tpu.runtime.tensor import to_jax, wrap
+from hf_tpu.runtime.buffers import platform
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
+from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.tensor import to_jax, wrap
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 

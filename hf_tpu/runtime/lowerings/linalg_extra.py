@@ -28,8 +28,8 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import torch
 
-from hf_tpu.runtime.lowering_table import lowers
-from hf_tpu.runtime.tensor import to_jax, wrap
+from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.tensor import to_jax, wrap
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 

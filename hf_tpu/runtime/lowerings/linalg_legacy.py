@@ -29,7 +29,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.lowerings.table import lowers
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 _ALPHA = (1 + math.sqrt(17.0)) / 8  # Bunch-Kaufman's pivot threshold (LAPACK's ALPHA)

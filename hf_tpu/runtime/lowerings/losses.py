@@ -11,8 +11,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.nn import _compute_dtype, _pullback, _upcast
+from hf_tpu.runtime.lowerings.table import lowers
 
 _NONE, _MEAN, _SUM = 0, 1, 2
 

@@ -19,8 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hf_tpu.runtime.lowering_table import lowers
-from hf_tpu.runtime.tensor import to_jax, wrap, write
+from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.tensor import to_jax, wrap, write
 
 _HALF = (jnp.bfloat16, jnp.float16)
 

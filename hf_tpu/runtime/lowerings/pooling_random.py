@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.random import _check_generator_free, _uniform01
+from hf_tpu.runtime.lowerings.table import lowers
 
 _HALF = (jnp.bfloat16, jnp.float16)
 

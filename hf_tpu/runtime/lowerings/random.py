@@ -1,4 +1,4 @@
-"""Random ops drawn from the device PRNG (`hf_tpu.runtime.rng`, seeded by `torch.manual_seed`).
+"""Random ops drawn from the device PRNG (`hf_tpu.runtime.launch.rng`, seeded by `torch.manual_seed`).
 
 Every lowering here is `random=True`: its first argument is a fresh `jax.random` key, so a seeded
 program draws the same numbers on every run (not the same numbers as CPU PyTorch: the generators
@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
-from hf_tpu.runtime.lowering_table import TABLE, lowers, resolve
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.lowerings.factories import as_torch_dtype
+from hf_tpu.runtime.lowerings.table import TABLE, eager_kernel, lowers, resolve
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -126,22 +126,9 @@ def normal_(self, mean=0.0, std=1.0, *, generator=None):
     The dispatcher derives `op_` from a functional overload of the same name; normal_'s functional
     twin is named `normal_functional`, so the in-place kernel is built here (CPU generators included).
     """
-    return _inplace_kernel("aten::normal_", "aten::normal_functional")(self, mean, std, generator=generator)
-
-
-_inplace_kernels: dict = {}
-
-
-def _inplace_kernel(inplace: str, functional: str):
-    """The dispatcher's in-place kernel for `inplace`, computed by the lowering of `functional`."""
-    kernel = _inplace_kernels.get(inplace)
-    if kernel is None:
-        from hf_tpu.runtime.dispatch import OpKernel
-
-        func = resolve(functional)
-        kernel = OpKernel(resolve(inplace), TABLE[func], mode="inplace", functional=func)
-        _inplace_kernels[inplace] = kernel
-    return kernel
+    return eager_kernel(
+        "aten::normal_", TABLE[resolve("aten::normal_functional")], inplace_of="aten::normal_functional"
+    )(self, mean, std, generator=generator)
 
 
 # -- uniform and integers ----------------------------------------------------------------------------

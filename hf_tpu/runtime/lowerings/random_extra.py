@@ -13,8 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.random import _check_generator_free, _compute_dtype
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 def _count_dtype():

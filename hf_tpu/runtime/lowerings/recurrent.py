@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 def _f32(x):

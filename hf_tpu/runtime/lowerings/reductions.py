@@ -14,8 +14,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from hf_tpu.runtime.dtypes import to_jax_dtype
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
+from hf_tpu.runtime.lowerings.table import lowers
 
 _HALF = (jnp.bfloat16, jnp.float16)
 

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.nn import _apply_per_axis, _compute_dtype, _pullback, _upcast
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 # -- resampling (upsample / interpolate) ------------------------------------------------------------

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from hf_tpu.runtime.lowering_table import lowers
-from hf_tpu.runtime.tensor import to_jax, wrap
+from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.tensor import to_jax, wrap
 
 _REDUCTIONS = {
     "sum": "sum",

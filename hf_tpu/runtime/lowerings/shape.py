@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from hf_tpu.runtime.dtypes import to_jax_dtype, to_torch_dtype
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 def _norm_dim(dim: int, ndim: int) -> int:
@@ -337,7 +337,7 @@ def unfold_backward(grad, input_sizes, dim, size, step):
 # -- clone: share the (immutable) buffer instead of copying it --------------------------------------
 @lowers("aten::clone", kind="host")
 def clone(x: torch.Tensor, *, memory_format=None) -> torch.Tensor:
-    from hf_tpu.runtime.tensor import new_tensor, to_jax_lazy
+    from hf_tpu.runtime.tensors.tensor import new_tensor, to_jax_lazy
 
     if memory_format == torch.contiguous_format or (
         memory_format in (None, torch.preserve_format) and x.is_contiguous()

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import jax.scipy.special as jsp
 from jax import lax
 
-from hf_tpu.runtime.lowering_table import lowers
 from hf_tpu.runtime.lowerings.elementwise import to_float, unary_float, xlogy_like
+from hf_tpu.runtime.lowerings.table import lowers
 
 for _name, _fn in {
     "lgamma": lax.lgamma,

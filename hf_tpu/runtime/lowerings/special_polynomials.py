@@ -18,9 +18,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from hf_tpu.runtime import platform
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.buffers import platform
 from hf_tpu.runtime.lowerings.elementwise import to_float
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 # -- polynomials ------------------------------------------------------------------------------------

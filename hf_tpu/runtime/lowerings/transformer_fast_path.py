@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from hf_tpu.runtime.lowering_table import lowers
+from hf_tpu.runtime.lowerings.table import lowers
 
 
 def _project(query, key, value, embed_dim, qkv_weight, qkv_bias):

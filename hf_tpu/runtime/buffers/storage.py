@@ -1,0 +1,199 @@
+"""Device storages: one JAX buffer per torch storage, keyed by the storage's (fake) data pointer.
+
+A tpu tensor is a real PrivateUse1 TensorImpl whose storage carries a unique fake pointer that no CPU
+kernel ever dereferences; its payload lives here as a `jax.Array` in the base tensor's logical shape
+and dtype (DESIGN §3.2). Views share the storage natively, so (storage, offset, sizes, strides) is
+exactly PyTorch's model. Payloads of dead storages are dropped by a sweep that runs as allocations
+accumulate, so memory does not grow over a long loop.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import torch
+
+from hf_tpu.runtime.buffers.pending import LazyValue
+
+DEVICE = torch.device("tpu", 0)
+_ALIGN = 64
+_FIRST_PTR = 1 << 44
+
+
+_weak_ref = torch.UntypedStorage._weak_ref
+_expired = torch.UntypedStorage._expired
+_free_weak_ref = torch.UntypedStorage._free_weak_ref
+_construct = torch._C._construct_storage_from_data_pointer
+
+
+class Payload:
+    """What one storage holds: `array` (None until first written) in `shape`/`dtype` (row-major).
+
+    `weak` is a raw weak reference to the storage (torch's `StorageWeakRef` minus the Python object:
+    this is created once per op output, so it is kept cheap); the registry frees it with the payload.
+    """
+
+    __slots__ = ("weak", "array", "shape", "dtype", "nbytes", "counted")
+
+    def __init__(
+        self, weak: int, array, shape: tuple, dtype: torch.dtype, nbytes: int, counted: bool
+    ) -> None:
+        self.weak = weak
+        self.array = array
+        self.shape = shape
+        self.dtype = dtype
+        self.nbytes = nbytes
+        self.counted = counted  # its bytes are in `allocated` (a real buffer, not a pending LazyValue)
+
+    def expired(self) -> bool:
+        return _expired(self.weak)
+
+
+class StorageRegistry:
+    """All live tpu storages; thread-safe (transformers copies weights from 4 threads)."""
+
+    def __init__(self) -> None:
+        self._payloads: dict[int, Payload] = {}
+        self._lock = threading.Lock()
+        self._next_ptr = _FIRST_PTR
+        self._since_sweep = 0
+        self._bytes_since_sweep = 0
+        self._live_after_sweep = 0
+        self.allocated = 0
+        self.peak = 0
+        # pointers of payloads that were given a pending LazyValue (materialized at the next flush);
+        # pointers, not payloads, so a storage that dies before the flush does not keep its value live
+        self._pending: list[int] = []
+
+    # -- allocation -------------------------------------------------------------------------------
+    def _reserve(self, nbytes: int, counted: bool) -> tuple[int, bool]:
+        """A fresh unique fake pointer for `nbytes` (and the accounting); True when a sweep is due."""
+        with self._lock:
+            ptr = self._next_ptr
+            self._next_ptr += (nbytes + _ALIGN) // _ALIGN * _ALIGN
+            self._since_sweep += 1
+            self._bytes_since_sweep += nbytes
+            if counted:
+                self.allocated += nbytes
+                if self.allocated > self.peak:
+                    self.peak = self.allocated
+            # amortized O(1) per allocation (a sweep visits at most twice the allocations since the last
+            # one), and dead buffers never outweigh a quarter of the live ones (plus 64 MiB) for long: they
+            # hold device memory until swept. Dead payloads kept longer also cost the cyclic GC: they
+            # survive into its oldest generation and make its full collections frequent and slow
+            due = (self._since_sweep > 256 and self._since_sweep > self._live_after_sweep) or (
+                self._bytes_since_sweep > max(1 << 26, self.allocated >> 2)
+            )
+            return ptr, due
+
+    def new_storage(self, nbytes: int, shape: tuple, dtype: torch.dtype, array=None) -> torch.UntypedStorage:
+        """A storage with a fresh unique fake pointer; `array` (if given) is its payload already."""
+        counted = _is_buffer(array)
+        ptr, sweep = self._reserve(nbytes, counted)
+        if sweep:
+            self.sweep()
+        storage = _construct(ptr, DEVICE, nbytes)
+        self._payloads[ptr] = Payload(_weak_ref(storage), array, shape, dtype, nbytes, counted)
+        if type(array) is LazyValue:
+            self._pending.append(ptr)
+        return storage
+
+    def adopt(
+        self, storage: torch.UntypedStorage, nbytes: int, shape: tuple, dtype: torch.dtype, array
+    ) -> None:
+        """Give a freshly created tensor's (empty) storage a unique fake pointer and `array` as payload.
+
+        Cheaper than building a storage and `set_`-ing it into the tensor (a boxed redispatch), which
+        matters because this runs once per op output.
+        """
+        lazy = type(array) is LazyValue
+        ptr, sweep = self._reserve(nbytes, not lazy and array is not None)
+        if sweep:
+            self.sweep()
+        storage._swap_data_ptr_(_construct(ptr, DEVICE, nbytes))
+        self._payloads[ptr] = Payload(
+            _weak_ref(storage), array, shape, dtype, nbytes, not lazy and array is not None
+        )
+        if lazy:
+            self._pending.append(ptr)
+
+    def materialize_pending(self) -> None:
+        """After a flush: payloads whose LazyValue was computed now hold the array itself."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for ptr in pending:
+            p = self._payloads.get(ptr)
+            if p is not None and type(p.array) is LazyValue and p.array.concrete is not None:
+                self.store(p, p.array.concrete)
+
+    def payload(self, ptr: int) -> Payload | None:
+        return self._payloads.get(ptr)
+
+    def set_array(self, ptr: int, array) -> None:
+        p = self._payloads[ptr]
+        if type(array) is LazyValue:
+            self._pending.append(ptr)
+            old = p.array
+            if old is not None and type(old) is not LazyValue and array.trace is not None:
+                array.trace.note_overwrite(ptr, old)  # restored if the flush cannot compute `array`
+        self.store(p, array)
+
+    def store(self, p: Payload, array) -> None:
+        """Make `array` the payload's value; its bytes count once a real buffer backs the storage
+        (DeferAndFuse values that die before a flush never occupy device memory)."""
+        if not p.counted and _is_buffer(array):
+            with self._lock:
+                p.counted = True
+                self.allocated += p.nbytes
+                if self.allocated > self.peak:
+                    self.peak = self.allocated
+        p.array = array
+
+    # -- lifetime ---------------------------------------------------------------------------------
+    def sweep(self) -> int:
+        """Drop payloads whose storage died; returns how many were freed."""
+        with self._lock:
+            dead = [ptr for ptr, p in self._payloads.items() if _expired(p.weak)]
+            for ptr in dead:
+                self._drop(ptr)
+            self._since_sweep = 0
+            self._bytes_since_sweep = 0
+            self._live_after_sweep = len(self._payloads)
+        return len(dead)
+
+    def sweep_pending(self) -> None:
+        """Drop the payloads of dead storages among those given a pending LazyValue: before a flush
+        decides which values are live, so that set does not depend on when the registry last swept
+        (a sweep of every payload would cost O(live tensors) per flush)."""
+        with self._lock:
+            for ptr in self._pending:
+                p = self._payloads.get(ptr)
+                if p is not None and _expired(p.weak):
+                    self._drop(ptr)
+
+    def _drop(self, ptr: int) -> None:
+        """Forget dead storage `ptr`'s payload (and its bytes); call holding the lock."""
+        p = self._payloads.pop(ptr)
+        _free_weak_ref(p.weak)
+        if p.counted:
+            self.allocated -= p.nbytes
+
+    def live_count(self) -> int:
+        self.sweep()
+        return len(self._payloads)
+
+    def reset_peak(self) -> None:
+        self.sweep()
+        self.peak = self.allocated
+
+
+def _is_buffer(array) -> bool:
+    return array is not None and type(array) is not LazyValue
+
+
+REGISTRY = StorageRegistry()
+
+
+def nbytes_of(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize

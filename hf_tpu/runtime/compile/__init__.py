@@ -1,0 +1,1 @@
+"""`torch.compile(backend="tpu")`: ATen FX graphs interpreted with the lowering table in one jax.jit."""

@@ -1,0 +1,703 @@
+"""From the PyTorch dispatcher to JAX: one kernel per lowered overload (the boxed fallback for the rest
+is `fallback.py`).
+
+Each lowered overload gets a PrivateUse1 kernel that unwraps tpu tensors into jax.Arrays, looks up a
+jitted executable cached per (op, static args, shapes, dtypes), runs it, and wraps the results. The
+in-place (`add_`) and out= (`add.out`) variants of a lowered op are derived from it: compute
+functionally, then write into the destination through its views. Output dtypes follow PyTorch exactly
+because each cache entry asks the op's meta kernel once what PyTorch would return. Everything not in
+the table reaches the boxed fallback (`fallback.py`): torch's decompositions, then (opt-in) CPU, then a
+clear error.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from hf_tpu.runtime import arg_checks
+from hf_tpu.runtime.buffers import executables, memory, platform
+from hf_tpu.runtime.buffers.dtypes import convert, to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.buffers.storage import REGISTRY
+from hf_tpu.runtime.buffers.threads import DONATION_LOCK, update_lock
+from hf_tpu.runtime.launch import lazy, modes, rng
+from hf_tpu.runtime.launch.lazy import LazyValue
+from hf_tpu.runtime.lowerings.table import TABLE, Lowering, provide_kernel_factory
+from hf_tpu.runtime.tensors.tensor import (
+    View,
+    can_update_in_place,
+    op_input,
+    read_input,
+    run_donating,
+    wrap,
+    wrap_spec,
+    write,
+)
+
+_payloads = REGISTRY._payloads
+
+# argument kinds
+_T, _TL, _S, _STATIC, _GEN = range(5)
+_META = torch.device("meta")
+_DTYPE = torch.dtype
+_PY_NUMBERS = (int, float, bool, complex)
+# executables built with baked-in scalar values before a kernel switches to traced scalars
+_MAX_STATIC_SCALAR_BUILDS = 16
+
+
+# distinct baked-in storage offsets of one argument layout before a kernel traces offsets (DeferAndFuse)
+_MAX_BAKED_OFFSETS = 4
+
+
+def _without_offsets(key):
+    """A kernel cache key with its views' storage offsets blanked out."""
+    if type(key) is View:
+        return key._replace(offset=None) if key.offset else key
+    if type(key) is tuple:
+        return tuple(_without_offsets(k) for k in key)
+    return key
+
+
+_set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
+
+
+def outside_dynamo(kernel: Callable) -> Callable:
+    """`kernel` run with TorchDynamo's frame hook off (33 ns). Code between a compiled function's graphs
+    runs eagerly with the hook on, and Dynamo skips our runtime's and JAX's files but not the code they
+    generate: a dataclass `__init__` JAX builds (file "<string>") was traced from inside our kernel and
+    failed ("you set no_dispatch()", Qwen2-VL compiled on tpu)."""
+
+    @functools.wraps(kernel)
+    def run(*args, **kwargs):
+        prior = _set_eval_frame(None)
+        try:
+            return kernel(*args, **kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    return run
+
+
+def host_kernel(op, fn: Callable) -> Callable:
+    """The PrivateUse1 kernel of host-kind lowering `fn` of `op`: outside Dynamo, and running CPU's
+    argument checks (`arg_checks`) first when `op` has any, as `OpKernel` does for the others."""
+    entry = arg_checks.for_op(op)
+    if entry is None:
+        return outside_dynamo(fn)
+    sig = _Signature(op)
+
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+        run_checks(entry, sig.normalize(args, kwargs))
+        return fn(*args, **kwargs)
+
+    return outside_dynamo(checked)
+
+
+def run_checks(entry: tuple, fargs: list) -> None:
+    """CPU's argument checks of one op (`arg_checks.for_op`) on its arguments in schema order: static
+    ones always, value-reading ones in Debug mode only (they need a sync)."""
+    static, by_value = entry
+    for check in static:
+        check(*fargs)
+    if by_value and modes.launch_blocking():
+        for check in by_value:
+            check(*fargs)
+
+
+class LoweringMissing(NotImplementedError):
+    pass
+
+
+def _kind(arg) -> int:
+    t = str(arg.type)
+    if t in ("Tensor", "Optional[Tensor]"):
+        return _T
+    if t in ("List[Tensor]", "List[Optional[Tensor]]"):
+        return _TL
+    if t in ("number", "Optional[number]"):
+        return _S
+    if t == "Optional[Generator]":
+        return _GEN
+    return _STATIC
+
+
+class _Signature:
+    """What the kernels need to know about a schema, computed once per overload."""
+
+    def __init__(self, op: torch._ops.OpOverload) -> None:
+        args = op._schema.arguments
+        self.names = [a.name for a in args]
+        self.kinds = tuple(_kind(a) for a in args)
+        self.n_positional = sum(1 for a in args if not a.kwarg_only)
+        self.defaults = [a.default_value if a.has_default_value() else None for a in args]
+        self.kwarg_only = [a.name for a in args if a.kwarg_only]
+        self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+        # `dtype=None` means torch.get_default_dtype() for factories: part of the cache key
+        self.optional_dtypes = [
+            i
+            for i, a in enumerate(args)
+            if a.name == "dtype" and str(a.type) in ("Optional[int]", "Optional[ScalarType]")
+        ]
+
+    def normalize(self, args: tuple, kwargs: dict) -> list:
+        full = list(args)
+        n = len(full)
+        if n < len(self.names):
+            for i in range(n, len(self.names)):
+                name = self.names[i]
+                full.append(kwargs[name] if name in kwargs else self.defaults[i])
+        return full
+
+    def split(self, full: list) -> tuple[list, dict]:
+        pos = full[: self.n_positional]
+        kw = {name: full[self.n_positional + i] for i, name in enumerate(self.kwarg_only)}
+        return pos, kw
+
+
+def _freeze(value):
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _meta_of(value):
+    if isinstance(value, torch.Tensor):
+        if value.device.type == "cpu" and value.dim() == 0:
+            return value
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
+    if isinstance(value, list | tuple):
+        return type(value)(_meta_of(v) for v in value)
+    if isinstance(value, torch.device):
+        return _META
+    return value
+
+
+def _out_spec(result):
+    """(shape, dtype) per output tensor of a meta run, None where unknown."""
+    if isinstance(result, torch.Tensor):
+        return (tuple(result.shape), result.dtype)
+    if isinstance(result, list | tuple):
+        return tuple(_out_spec(r) for r in result)
+    return None
+
+
+def _meta_run(op, sig: _Signature, full: list):
+    """Ask PyTorch's meta kernel what `op` returns; None where it cannot say (data-dependent etc.)."""
+    pos, kw = sig.split([_meta_of(v) if k != _GEN else None for v, k in zip(full, sig.kinds)])
+    if "device" in kw and kw["device"] is not None:
+        kw["device"] = _META
+    try:
+        return _out_spec(op(*pos, **kw))
+    except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
+        return None
+    # a meta kernel that breaks on optional arguments (_thnn_fused_lstm_cell's on no bias)
+    except (AttributeError, TypeError):
+        return None
+    except RuntimeError as exc:
+        text = str(exc)
+        if "meta" in text.lower() and ("not implemented" in text.lower() or "could not run" in text.lower()):
+            return None
+        if "data-dependent" in text or "Cannot copy out of meta tensor" in text:
+            return None
+        raise
+
+
+def _cast_like(jnp, result, spec):
+    if spec is None:
+        return result
+    if isinstance(result, list | tuple):
+        return type(result)(_cast_like(jnp, r, s) for r, s in zip(result, spec))
+    if not hasattr(result, "dtype"):  # a Python value among graph outputs
+        return result
+    shape, dtype = spec
+    jdt = to_jax_dtype(dtype)
+    if result.dtype != jdt:
+        result = convert(result, jdt)
+    if shape is not None and tuple(result.shape) != shape:
+        result = jnp.broadcast_to(result, shape) if result.size != _prod(shape) else result.reshape(shape)
+    return result
+
+
+_fit_cache: dict = {}
+
+
+def fit_fn(shape: tuple, jdt):
+    """A jitted cast + broadcast to (shape, dtype): how results are stored into a destination."""
+    fn = _fit_cache.get((shape, jdt))
+    if fn is None:
+        jax = platform.jax()
+        fn = _fit_cache[(shape, jdt)] = jax.jit(lambda x: jax.numpy.broadcast_to(x.astype(jdt), shape))
+    return fn
+
+
+def _prod(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class _Entry:
+    __slots__ = ("fn", "spec", "lazy_avals", "op")
+
+    def __init__(self, fn, spec, op):
+        self.fn = fn
+        self.spec = spec
+        self.lazy_avals = None  # output avals, filled by DeferAndFuse's first recording
+        self.op = op  # the overload, named when a DeferAndFuse flush fails in it
+
+
+_VALUE = object()  # template entry of a tensor passed as its own value
+
+
+def _placeholder(value, kind, views):
+    """An argument as the executable's template holds it (no tensors: the cache must not keep their
+    storages alive). `views` yields, per tensor in order, the `View` `run` passed it through (or None)."""
+    if kind == _T and type(value) not in _PY_NUMBERS:
+        return None if value is None else next(views) or _VALUE
+    if kind == _TL:
+        return [None if x is None else next(views) or _VALUE for x in value]
+    if kind == _S and isinstance(value, torch.Tensor):
+        return True
+    return value
+
+
+def _scalar_key(v):
+    """Cache-key part of a baked-in value: 5 and 5.0 (and True and 1) differ, so do 0.0 and -0.0; NaN
+    keys by its repr (it never equals itself)."""
+    tv = type(v)
+    if (tv is float or tv is int) and not (v == v and v != 0):
+        return (tv, repr(v))
+    return (tv, v)
+
+
+_LEAF, _LEAVES, _BAKED, _BAKED_ARRAY = "leaf", "leaves", "baked", "baked_array"
+
+
+def _user_frame() -> str:
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        f = frame.filename
+        if (
+            "/torch/" in f
+            or "/hf_tpu/runtime/" in f
+            or "/jax/" in f
+            or "/jaxlib/" in f
+            or f.startswith("<frozen")
+        ):
+            continue
+        return f"{f}:{frame.lineno} in {frame.name}"
+    return "<unknown>"
+
+
+def _describe(full: list, kinds) -> str:
+    parts = []
+    for v, k in zip(full, kinds):
+        if k == _T and isinstance(v, torch.Tensor):
+            parts.append(f"Tensor{list(v.shape)}:{str(v.dtype).removeprefix('torch.')}@{v.device}")
+        elif k == _TL and v is not None:
+            parts.append(
+                "["
+                + ", ".join(
+                    f"Tensor{list(x.shape)}:{str(x.dtype).removeprefix('torch.')}"
+                    if x is not None
+                    else "None"
+                    for x in v
+                )
+                + "]"
+            )
+    return ", ".join(parts) or "no tensor inputs"
+
+
+def op_failure(op, full, kinds, exc: BaseException) -> BaseException:
+    """A clear error naming the op, its inputs and the user's frame; OOM becomes torch.OutOfMemoryError."""
+    where = _user_frame()
+    if memory.is_jax_oom(exc):
+        return memory.oom_from_jax(exc, f"{op} on {_describe(full, kinds)} (at {where})")
+    return RuntimeError(
+        f"hf_tpu: {op} failed on ({_describe(full, kinds)}) at {where}: {type(exc).__name__}: {exc}"
+    )
+
+
+class OpKernel:
+    """The PrivateUse1 kernel of one overload: functional, in-place (`mode='inplace'`) or out=."""
+
+    def __init__(self, op, lowering: Lowering, mode: str = "functional", functional=None) -> None:
+        self.op = op
+        self.lowering = lowering
+        self.mode = mode
+        self.sig = _Signature(op)
+        # in-place/out=: the functional overload whose schema the lowering is written for
+        self.functional = functional or op
+        self.fsig = _Signature(self.functional) if functional is not None else self.sig
+        self.cache: dict = {}
+        self.lock = threading.Lock()
+        self.dynamic_scalars = False
+        self.static_scalar_builds = 0
+        # under DeferAndFuse, views' storage offsets are baked into executables until one argument
+        # layout has been seen at too many offsets (`_offsets_vary`); then they are traced
+        self.dynamic_offsets = False
+        self.baked_offset_layouts: dict = {}
+        # the argument checks CPU makes and the meta kernel skips (arg_checks), or None
+        self.checks = arg_checks.for_op(self.functional)
+
+    # -- entry point from the dispatcher --------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        prior = _set_eval_frame(None)  # see `outside_dynamo`
+        try:
+            return self._call(args, kwargs)
+        finally:
+            _set_eval_frame(prior)
+
+    def _call(self, args: tuple, kwargs: dict):
+        full = self.sig.normalize(args, kwargs)
+        if self.mode == "functional":
+            results, spec = self.run(full, full)
+            return self._wrap(results, spec)
+        if self.mode == "inplace":
+            dest = full[0]
+            if _whole_storage_in_place(dest):
+                with DONATION_LOCK:  # from the check until the payload holds the result (tensor.py)
+                    results, _ = self.run(full, full, _whole_storage_in_place(dest))
+                    self._store(dest, results, dest.shape, dest.dtype, full)
+                return dest
+            # several threads: compute from the destination and store into it as one step (as one stream
+            # orders two threads' `x.add_(1)` on CUDA), so neither update is lost
+            with update_lock():
+                results, _ = self.run(full, full)
+                self._store(dest, results, dest.shape, dest.dtype, full)
+            return dest
+        # out=: as one step too with several threads (`torch.add(x, 1, out=x)` reads its destination)
+        outs = [full[i] for i in self.sig.mutable]
+        fargs = [v for i, v in enumerate(full) if i not in self.sig.mutable]
+        with update_lock():
+            results, spec = self.run(fargs, full)
+            if len(outs) == 1:
+                self._store_out(outs[0], results, spec, full)
+                return outs[0]
+            for o, r, s in zip(outs, results, spec or [None] * len(outs)):
+                self._store_out(o, r, s, full)
+        return tuple(outs)
+
+    def _store(self, dest, value, shape, dtype, full):
+        jdt = to_jax_dtype(dtype)
+        if value.dtype != jdt or tuple(value.shape) != tuple(shape):
+            value = lazy.maybe_call(fit_fn(tuple(shape), jdt), (value,))
+        try:
+            write(dest, value)
+        except Exception as exc:  # noqa: BLE001 - re-raised with context
+            raise op_failure(self.op, full, self.sig.kinds, exc) from exc
+
+    def _store_out(self, out, value, spec, full):
+        dtype = spec[1] if spec else to_torch_dtype(value.dtype)
+        if not torch.can_cast(dtype, out.dtype):
+            raise RuntimeError(
+                f"result type {_dtype_name(dtype)} can't be cast to the desired output type {_dtype_name(out.dtype)}"
+            )
+        shape = tuple(value.shape)
+        if tuple(out.shape) != shape:
+            out.resize_(shape)
+        self._store(out, value, shape, out.dtype, full)
+
+    def _wrap(self, results, spec):
+        if spec is not None and type(spec[1]) is _DTYPE:
+            return wrap_spec(results, spec)  # one output of known shape and dtype: the common case
+        if isinstance(results, list | tuple):
+            return type(results)(
+                None if r is None else wrap(r, s[1] if s else None)  # None: an undefined tensor
+                for r, s in zip(results, spec or [None] * len(results))
+            )
+        return wrap(results, spec[1] if spec else None)
+
+    # -- the cached, jitted computation -----------------------------------------------------------
+    def _scalar_is_leaf(self, v, dynamic: bool) -> bool:
+        """Is Python number `v` (a Scalar argument) a traced input rather than baked into the executable?
+
+        Baked in by default: a scalar leaf costs ~1.5 us more per call than an array and most scalars
+        (alpha=1, eps, scales) never change. A kernel that has seen many distinct values switches to
+        traced scalars for good; ints outside int32 always travel as leaves (x64 promotion rules).
+        """
+        if self.lowering.static_scalars or type(v) is bool or type(v) is complex:  # complex: always baked
+            return False
+        if dynamic:
+            return True
+        return type(v) is int and not -(1 << 31) <= v < (1 << 31)
+
+    def _offsets_vary(self, key: tuple) -> bool:
+        """Has this argument layout (`key` without its views' offsets) been built at more than
+        _MAX_BAKED_OFFSETS offsets? Under DeferAndFuse an offset is a constant of the executable (a
+        static slice, which fuses), so a view that moves every step (`x[i * b:(i + 1) * b]`, a cache
+        read at `pos`) would make every step's program new; such a kernel traces its offsets instead."""
+        layout = _without_offsets(key)
+        if layout == key:
+            return False
+        n = self.baked_offset_layouts[layout] = self.baked_offset_layouts.get(layout, 0) + 1
+        return n > _MAX_BAKED_OFFSETS
+
+    def run(self, fargs: list, full: list, donate_first: bool = False):
+        """Execute the lowering on `fargs` (the functional op's arguments); returns (arrays, meta spec).
+
+        `donate_first`: fargs[0] is an in-place op's destination that may be updated in place (see
+        `_whole_storage_in_place`): its buffer is donated unless another argument reads the same array.
+        """
+        if self.checks is not None:
+            run_checks(self.checks, fargs)
+        leaves = []
+        key = []
+        views = []  # per tensor argument, the View it is read through (None: its value); for _build
+        append = key.append
+        bake = lazy._enabled and not self.dynamic_offsets
+        # read once: the key and the executable must agree on which scalars are inputs even when another
+        # thread's build switches this kernel to traced scalars in between
+        dynamic = self.dynamic_scalars
+        for v, k in zip(fargs, self.fsig.kinds):
+            if k == _T:
+                if v is None:
+                    append(None)
+                elif type(v) in _PY_NUMBERS:  # a wrapped number (x * 0.5) arrives as a Python scalar
+                    if self._scalar_is_leaf(v, dynamic):
+                        leaves.append(v)
+                        append(type(v))
+                    else:
+                        append(_scalar_key(v))
+                else:
+                    a, view, offset = op_input(v, bake)
+                    leaves.append(a)
+                    views.append(view)
+                    if view is None:
+                        append(a.shape)
+                    else:
+                        append(view)
+                        if offset is not None:
+                            leaves.append(offset)
+                    append(a.dtype)
+            elif k == _S:
+                tv = type(v)
+                if (tv is float or tv is int) and self._scalar_is_leaf(v, dynamic):
+                    leaves.append(v)
+                    append(tv)
+                else:
+                    append(_scalar_key(v))
+            elif k == _TL:
+                sub = []
+                for x in v:
+                    if x is None:
+                        sub.append(None)
+                    else:
+                        a, view, offset = op_input(x, bake)
+                        leaves.append(a)
+                        views.append(view)
+                        if offset is not None:
+                            leaves.append(offset)
+                        sub.append((a.shape if view is None else view, a.dtype))
+                append(tuple(sub))
+            elif k == _GEN:
+                if v is not None:
+                    return self._run_with_cpu_generator(fargs, full)
+                append(None)
+            else:
+                append(_freeze(v))
+        for i in self.fsig.optional_dtypes:
+            if fargs[i] is None:
+                append(torch.get_default_dtype())
+                break
+        key = tuple(key)
+        entry = self.cache.get(key)
+        if entry is None:
+            executables.collect_if_due()  # a safe point: no JAX call under way
+            if bake and self._offsets_vary(key):
+                self.dynamic_offsets = True
+            entry = self._build(fargs, full, views, dynamic)
+            with self.lock:
+                self.cache[key] = entry
+        if self.lowering.random:
+            leaves.insert(0, rng.next_material())
+        try:
+            if lazy._enabled:
+                return lazy.call(entry.fn, leaves, entry), entry.spec
+            if bake:  # another thread left DeferAndFuse during this op: its inputs may still be pending
+                leaves = [lazy.concrete(x) if type(x) is LazyValue else x for x in leaves]
+            first = 1 if self.lowering.random else 0
+            if donate_first and sum(x is leaves[first] for x in leaves) == 1:
+                results = run_donating(entry.fn, first, *leaves)
+            else:
+                results = entry.fn(*leaves)
+            platform.last_launched[0] = results
+            if modes.launch_blocking():
+                platform.jax().block_until_ready(results)
+        except Exception as exc:  # noqa: BLE001 - JAX errors become op-named errors
+            # an input a failed DeferAndFuse flush never computed (JAX would say "not a valid JAX type")
+            gone = next((x for x in leaves if type(x) is LazyValue and x.concrete is None), None)
+            cause = exc if gone is None else lazy.lost(gone)
+            raise op_failure(self.op, full, self.sig.kinds, cause) from cause
+        return results, entry.spec
+
+    def _build(self, fargs: list, full: list, views: list, dynamic: bool) -> _Entry:
+        # what PyTorch would return (dtype, shape); the in-place/out= op itself validates its arguments
+        if self.mode == "inplace":
+            spec = _meta_run(self.op, self.sig, full)
+            # some in-place meta kernels (mul_) skip PyTorch's result-type check: apply it here
+            fspec = _meta_run(self.functional, self.fsig, fargs)
+            dest = full[0]
+            if fspec and isinstance(fspec[1], torch.dtype) and not torch.can_cast(fspec[1], dest.dtype):
+                raise RuntimeError(
+                    f"result type {_dtype_name(fspec[1])} can't be cast to the desired output type "
+                    f"{_dtype_name(dest.dtype)}"
+                )
+        else:
+            spec = _meta_run(self.functional, self.fsig, fargs)
+        kinds = self.fsig.kinds
+        # how each argument reaches the lowering: a traced leaf, a list of leaves, or a baked-in value
+        how = []
+        n_baked = 0
+        for v, k in zip(fargs, kinds):
+            number = type(v) in _PY_NUMBERS and k in (_T, _S)
+            if number:
+                leaf = self._scalar_is_leaf(v, dynamic)
+                n_baked += not leaf
+                how.append(_LEAF if leaf else _BAKED_ARRAY if k == _T else _BAKED)
+            elif k == _T:
+                how.append(_BAKED if v is None else _LEAF)
+            elif k == _TL:
+                how.append(_LEAVES)
+            else:
+                how.append(_BAKED)
+        if n_baked and not self.lowering.static_scalars:
+            self.static_scalar_builds += 1
+            if self.static_scalar_builds > _MAX_STATIC_SCALAR_BUILDS:
+                self.dynamic_scalars = True  # many distinct values: stop compiling one executable per value
+        # never capture the tensors themselves: the cache would keep their storages alive
+        view_iter = iter(views)
+        template = [_placeholder(v, k, view_iter) for v, k in zip(fargs, kinds)]
+        fn = self.lowering.fn
+        is_random = self.lowering.random
+        jax = platform.jax()
+        jnp = jax.numpy
+
+        def take(v, it):
+            """The next input: a value (a tensor's or a traced number), or a view read from its
+            storage's array (fused into this executable)."""
+            return read_input(jax, v if type(v) is View else None, it)
+
+        def call(*leaves):
+            it = iter(leaves)
+            args = [rng.key_from(next(it))] if is_random else []
+            for v, h in zip(template, how):
+                if h is _LEAF:
+                    args.append(take(v, it))
+                elif h is _LEAVES:
+                    args.append([None if x is None else take(x, it) for x in v])
+                elif h is _BAKED_ARRAY:  # a wrapped number stays an (weakly typed) array for the lowering
+                    args.append(jnp.asarray(v))
+                else:
+                    args.append(v)
+            return _cast_like(jnp, fn(*args), spec)
+
+        return _Entry(jax.jit(call), spec, self.op)
+
+    def _run_with_cpu_generator(self, fargs, full):
+        """A CPU `torch.Generator` was passed: draw on CPU with it (exact CPU stream), then copy over."""
+        cpu_args = [_to_cpu(v) for v in fargs]
+        pos, kw = self.fsig.split(cpu_args)
+        result = self.functional(*pos, **kw)
+        jax = platform.jax()
+        from hf_tpu.runtime.buffers.placement import host_to_jax
+
+        if isinstance(result, torch.Tensor):
+            return host_to_jax(result), (tuple(result.shape), result.dtype)
+        arrays = tuple(host_to_jax(r) for r in result)
+        del jax
+        return arrays, tuple((tuple(r.shape), r.dtype) for r in result)
+
+
+def _whole_storage_in_place(dest: torch.Tensor) -> bool:
+    """Whether in-place op destination `dest` is its storage's whole array, in its dtype, and nothing but
+    the storage references that array, so the op's executable may write it in place (`can_update_in_place`):
+    `param.add_(...)`, `cache.index_copy_(...)`, `x.masked_fill_(...)` on a large tensor then cost their
+    result, not a copy of the buffer plus a second live buffer."""
+    p = _payloads.get(dest.untyped_storage().data_ptr())
+    if p is None or dest.dtype != p.dtype or dest.storage_offset() != 0 or tuple(dest.shape) != p.shape:
+        return False
+    return dest.is_contiguous() and can_update_in_place(p)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return {
+        torch.float32: "Float",
+        torch.float64: "Double",
+        torch.int64: "Long",
+        torch.int32: "Int",
+        torch.bool: "Bool",
+        torch.float16: "Half",
+        torch.bfloat16: "BFloat16",
+        torch.int16: "Short",
+        torch.int8: "Char",
+        torch.uint8: "Byte",
+        torch.complex64: "ComplexFloat",
+    }.get(dtype, str(dtype))
+
+
+def _to_cpu(v):
+    if isinstance(v, torch.Tensor) and v.device.type == "tpu":
+        return v.cpu()
+    if isinstance(v, list | tuple):
+        return type(v)(_to_cpu(x) for x in v)
+    if isinstance(v, torch.device) and v.type == "tpu":
+        return torch.device("cpu")
+    return v
+
+
+# -- deriving in-place and out= variants ---------------------------------------------------------
+def _arg_names(op) -> list[tuple[str, str]]:
+    """(name, type) per argument: overloads like bernoulli.p/.Tensor share names, not types."""
+    return [(a.name, str(a.type)) for a in op._schema.arguments]
+
+
+def functional_of(op) -> torch._ops.OpOverload | None:
+    """The functional overload an in-place/out= overload computes (add_.Tensor -> add.Tensor)."""
+    schema = op._schema
+    name = schema.name.removeprefix("aten::")
+    sig = _Signature(op)
+    if not sig.mutable:
+        return None
+    if sig.mutable == [0] and name.endswith("_") and not schema.arguments[0].kwarg_only:
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        if packet is None:
+            return None
+        target = _arg_names(op)
+        for ov in packet.overloads():
+            cand = getattr(packet, ov)
+            if _Signature(cand).mutable:
+                continue
+            if _arg_names(cand) == target:
+                return cand
+        return None
+    # out= variant: same packet, same arguments minus the written ones
+    packet = getattr(torch.ops.aten, name, None)
+    if packet is None:
+        return None
+    target = [n for i, n in enumerate(_arg_names(op)) if i not in sig.mutable]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        if cand is op or _Signature(cand).mutable:
+            continue
+        if _arg_names(cand) == target:
+            return cand
+    return None
+
+
+def derived_kernel(op) -> OpKernel | None:
+    if any(str(op._schema.arguments[i].type).startswith("List") for i in _Signature(op).mutable):
+        return None  # list outputs (_foreach_*_, *.List_out) are lowered explicitly
+    func = functional_of(op)
+    if func is None or func not in TABLE or TABLE[func].kind != "jit":
+        return None
+    mode = "inplace" if op._schema.name.endswith("_") and _Signature(op).mutable == [0] else "out"
+    return OpKernel(op, TABLE[func], mode=mode, functional=func)
+
+
+provide_kernel_factory(OpKernel)

@@ -1,0 +1,1 @@
+"""tpu tensors <-> device arrays: tensors around buffers, view reads and writes through views."""

@@ -1,0 +1,84 @@
+"""Storages torch creates itself on tpu (`torch.UntypedStorage(n, device="tpu")`, torch.load, deepcopy):
+a registry storage of n bytes (uint8, zeros until written) that takes the dtype of the first typed tensor
+set onto it whole, so that tensor reads its values directly instead of reinterpreting bytes at every op.
+`hf_tpu.runtime.device.storage_api` routes torch's storage constructors here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_tpu.runtime.buffers import platform
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
+from hf_tpu.runtime.buffers.memory import check_capacity
+from hf_tpu.runtime.buffers.storage import REGISTRY
+from hf_tpu.runtime.buffers.threads import array_of
+from hf_tpu.runtime.launch import lazy
+from hf_tpu.runtime.tensors.tensor import _from_bytes
+
+# pointers of storages created as bytes, not yet given a dtype by a tensor set onto them
+_untyped: set[int] = set()
+
+
+def new_byte_storage(nbytes: int) -> torch.UntypedStorage:
+    """A tpu storage of `nbytes` bytes, zeros until written."""
+    check_capacity(nbytes)
+    storage = REGISTRY.new_storage(nbytes, (nbytes,), torch.uint8)
+    _untyped.add(storage.data_ptr())
+    return storage
+
+
+def clone_storage(storage: torch.UntypedStorage) -> torch.UntypedStorage:
+    """A new tpu storage holding `storage`'s bytes (sharing its array: payload arrays are never mutated)."""
+    p = REGISTRY.payload(storage.data_ptr())
+    if p is None:
+        raise RuntimeError("hf_tpu: cannot clone a tpu storage without a payload")
+
+    array = array_of(p)  # not one another thread is donating
+    if type(array) is lazy.LazyValue and array.concrete is not None:
+        array = array.concrete
+    clone = REGISTRY.new_storage(p.nbytes, p.shape, p.dtype, array)
+    if storage.data_ptr() in _untyped:
+        _untyped.add(clone.data_ptr())
+    return clone
+
+
+def adopt_dtype(tensor: torch.Tensor) -> None:
+    """After `tensor.set_(storage, ...)`: a byte storage from `new_byte_storage` takes `tensor`'s dtype."""
+    if not _untyped:
+        return
+    storage = tensor.untyped_storage()
+    ptr = storage.data_ptr()
+    if ptr not in _untyped:
+        return
+    dtype = tensor.dtype
+    if dtype == torch.uint8:
+        return
+    _untyped.discard(ptr)
+    p = REGISTRY.payload(ptr)
+    size = dtype.itemsize
+    if p is None or p.dtype != torch.uint8 or p.nbytes % size:
+        return
+
+    shape = (p.nbytes // size,)
+    if p.array is not None:
+        jax = platform.jax()
+        array = lazy.concrete(p.array)
+        p.array = _from_bytes(jax, array.reshape(shape[0], size), to_jax_dtype(dtype))
+    p.shape, p.dtype = shape, dtype
+
+
+def byteswap_storage(storage: torch.UntypedStorage, elem_size: int) -> None:
+    """`UntypedStorage.byteswap` on tpu (torch's kernel reads the storage's fake pointer on the host)."""
+    nbytes = storage.nbytes()
+    if elem_size not in (1, 2, 4, 8):
+        raise ValueError(f"byteswap: elem_size must be 1, 2, 4 or 8, got {elem_size}")
+    if nbytes % elem_size:
+        raise RuntimeError(
+            f"byteswap: the storage's {nbytes} bytes are not a multiple of elem_size {elem_size}"
+        )
+    if elem_size == 1 or nbytes == 0:
+        return
+    rows = torch.empty(0, dtype=torch.uint8, device=storage.device)
+    rows.set_(storage, 0, (nbytes // elem_size, elem_size), (elem_size, 1))
+    rows.copy_(rows.flip(-1))
