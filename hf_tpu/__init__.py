@@ -16,6 +16,34 @@ from hf_tpu.integrations import install as _install_integrations  # noqa: E402
 _install_integrations()
 
 
+from hf_tpu.runtime.buffers.placement import PlacementError, mesh, set_mesh, use_mesh  # noqa: E402
+from hf_tpu.runtime.tensors.sharding import replicate, shard, sharding  # noqa: E402
+
+
+def sharding_policy(policy: str):
+    """`with hf_tpu.sharding_policy("fsdp"):` loads and shards models with that policy ("tp", "fsdp",
+    "replicate"); see hf_tpu.integrations.sharding."""
+    from hf_tpu.integrations.sharding import sharding_policy as _policy
+
+    return _policy(policy)
+
+
+def shard_module(module, policy: str | None = None, plan: dict | None = None):
+    """Lay a module's tpu parameters and buffers out over the chips by `policy` (default: `tp` when it has
+    a tensor-parallel plan, else `fsdp`); returns the module."""
+    from hf_tpu.integrations.sharding import shard_module as _shard_module
+
+    return _shard_module(module, policy, plan)
+
+
+def compiled_programs() -> list:
+    """The live graphs `torch.compile(backend="tpu")` compiled, oldest first; each has `.name` and
+    `.compiled_text()` (the optimized HLO of its first call: shapes, placements, collectives)."""
+    from hf_tpu.runtime.compile.backend import PROGRAMS
+
+    return sorted(PROGRAMS, key=lambda p: int("".join(c for c in p.name if c.isdigit()) or 0))
+
+
 def compile(model, **kwargs):  # noqa: A001 - mirrors torch.compile
     """`torch.compile(model, backend="tpu")`; `buckets=(64, 128, ...)` pads sequence lengths (see bucketing.py)."""
     from hf_tpu.runtime.compile.bucketing import compile as _compile
@@ -23,4 +51,18 @@ def compile(model, **kwargs):  # noqa: A001 - mirrors torch.compile
     return _compile(model, **kwargs)
 
 
-__all__ = ["register", "compile", "__version__"]
+__all__ = [
+    "register",
+    "compile",
+    "mesh",
+    "set_mesh",
+    "use_mesh",
+    "shard",
+    "replicate",
+    "sharding",
+    "sharding_policy",
+    "shard_module",
+    "compiled_programs",
+    "PlacementError",
+    "__version__",
+]

@@ -7,7 +7,7 @@ or at once if that module is already imported. So import order never matters, an
 not pay for `import transformers`.
 
 Which module gets which patch is the `HOOKS` table below; the patches live in `accelerate.py`,
-`transformers.py`, `diffusers.py`, `safetensors_torch.py`, `torch_dynamo.py` and `torch_flex_attention.py`
+`transformers.py`, `transformers_sharding.py`, `diffusers.py`, `safetensors_torch.py`, `torch_dynamo.py` and `torch_flex_attention.py`
 next to this file.
 """
 
@@ -29,7 +29,12 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "accelerate.state": ("accelerate:patch_state",),
     "accelerate.checkpointing": ("accelerate:patch_checkpointing",),
     "transformers.integrations.accelerate": ("transformers:patch_integrations_accelerate",),
-    "transformers.modeling_utils": ("transformers:patch_modeling_utils",),
+    "transformers.core_model_loading": ("transformers_sharding:patch_core_model_loading",),
+    "transformers.modeling_utils": (
+        "transformers:patch_modeling_utils",
+        "transformers_sharding:rebind_convert_and_load",
+    ),
+    "transformers.modeling_layers": ("transformers_sharding:rebind_convert_and_load",),
     "transformers.training_args": ("transformers:patch_training_args",),
     "transformers.trainer": ("transformers:patch_trainer",),
     "transformers.generation.utils": ("transformers:patch_generation_utils",),

@@ -144,13 +144,22 @@ def _wrap_from_pretrained(cls) -> None:
 
     @functools.wraps(original)
     def from_pretrained(klass, *args, **kwargs):
+        plan = _single_controller_tp_plan(kwargs)
         device_map = kwargs.get("device_map")
         check_tpu_device_map(device_map)
         if not targets_tpu(device_map):
             return original(klass, *args, **kwargs)
         check_tpu_dtype(kwargs.get("dtype", kwargs.get("torch_dtype")))
         try:
-            return original(klass, *args, **kwargs)
+            if not _several_chips():
+                return original(klass, *args, **kwargs)
+            from hf_tpu.integrations import sharding, transformers_sharding
+
+            policy = "tp" if plan is not None else sharding.requested_policy()
+            with transformers_sharding.sharded_load(policy, plan if isinstance(plan, dict) else None) as load:
+                model = original(klass, *args, **kwargs)
+                load.finish(model)
+            return model
         except Exception as exc:
             if type(exc).__name__ == "SafetensorError":  # safetensors says what broke, not which checkpoint
                 where = args[0] if args else kwargs.get("pretrained_model_name_or_path")
@@ -162,6 +171,36 @@ def _wrap_from_pretrained(cls) -> None:
 
     from_pretrained.__hf_tpu__ = True
     cls.from_pretrained = classmethod(from_pretrained)
+
+
+def _several_chips() -> bool:
+    from hf_tpu.runtime.buffers import platform
+
+    return len(platform.devices()) > 1
+
+
+def _single_controller_tp_plan(kwargs: dict):
+    """`tp_plan="auto"` (or a plan dict) without a torch.distributed process group: one process drives every
+    chip, so the plan becomes hf_tpu's `tp` placement over the mesh (no DTensor, no process group needed).
+    Returns the plan ("auto" or the dict), or None when the call leaves tensor parallelism to transformers."""
+    plan = kwargs.get("tp_plan")
+    if plan is None:
+        return None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return None  # torchrun: transformers' own DTensor tensor parallelism
+    if kwargs.get("device_map") not in (None, "tpu", "tpu:0", 0, "auto") and not targets_tpu(
+        kwargs.get("device_map")
+    ):
+        return None
+    if not tpu_is_accelerator():
+        return None
+    kwargs.pop("tp_plan")
+    kwargs.pop("tp_size", None)
+    if kwargs.get("device_map") in (None, "auto"):
+        kwargs["device_map"] = "tpu"
+    return plan
 
 
 # -- compiled decode ------------------------------------------------------------------------------------------
@@ -351,6 +390,17 @@ def patch_generation_utils(module: ModuleType) -> None:
 
 # -- offloaded KV caches -------------------------------------------------------------------------------------
 def patch_cache_utils(module: ModuleType) -> None:
+    """Offloaded caches on tpu (`_patch_offloaded_update`), and static KV buffers of a sharded model split by
+    heads like the keys that fill them (`transformers_sharding.shard_static_layer`)."""
+    from hf_tpu.integrations import transformers_sharding
+
+    layer = getattr(module, "StaticLayer", None)
+    if layer is not None and "lazy_initialization" in layer.__dict__:
+        layer.lazy_initialization = transformers_sharding.shard_static_layer(layer.lazy_initialization)
+    _patch_offloaded_update(module)
+
+
+def _patch_offloaded_update(module: ModuleType) -> None:
     """`cache_implementation="offloaded" | "offloaded_static"` on tpu: `Cache.update` orders its layer
     prefetch against `torch.cuda.default_stream(device)` (CUDA only: it failed with "Torch not compiled with
     CUDA enabled"). tpu's copies to and from the host are queued in program order, so a tpu cache prefetches

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from functools import cache
 
@@ -19,7 +20,13 @@ def _parse_bytes(text: str) -> int:
 
 
 def capacity() -> int:
-    """Bytes the device can hold: HF_TPU_MEMORY_LIMIT, else the chips' bytes_limit, else host RAM (CPU)."""
+    """Bytes the device can hold: the sum over its chips (what sharding can spread a model over)."""
+    return chip_capacity() * len(platform.devices())
+
+
+def chip_capacity() -> int:
+    """Bytes one chip can hold: HF_TPU_MEMORY_LIMIT (per chip), else its `bytes_limit`, else (JAX's CPU
+    platform) the host's RAM shared out evenly between the forced host devices."""
     return _capacity_and_source()[0]
 
 
@@ -37,7 +44,12 @@ def fraction() -> float:
 
 def limit() -> int:
     """Bytes tpu tensors may hold: the capacity times the per-process memory fraction."""
-    return int(capacity() * _fraction[0])
+    return chip_limit() * len(platform.devices())
+
+
+def chip_limit() -> int:
+    """Bytes tpu tensors may hold on one chip."""
+    return int(chip_capacity() * _fraction[0])
 
 
 def host_backed() -> bool:
@@ -51,21 +63,45 @@ def _capacity_and_source() -> tuple[int, str]:
     env = os.environ.get("HF_TPU_MEMORY_LIMIT")
     if env:
         return _parse_bytes(env), "limit"
-    total = 0
-    for dev in platform.devices():
-        stats = dev.memory_stats() or {}
-        total += int(stats.get("bytes_limit", 0))
-    if total:
-        return total, "device"
+    devices = platform.devices()
+    limits = [int((dev.memory_stats() or {}).get("bytes_limit", 0)) for dev in devices]
+    if all(limits):
+        return min(limits), "device"
     import psutil
 
-    return psutil.virtual_memory().total, "host"
+    return psutil.virtual_memory().total // len(devices), "host"
+
+
+def allocated_per_chip() -> list[int]:
+    """Bytes of live tpu buffers on each chip (a replicated buffer counts on every chip, a sharded one
+    its part on each; an unsharded one on the first chip)."""
+    from hf_tpu.runtime.buffers.storage import REGISTRY
+
+    n = len(platform.devices())
+    if n == 1:
+        return [REGISTRY.allocated]
+    from hf_tpu.runtime.buffers.placement import chip_bytes
+
+    REGISTRY.sweep()
+    per_chip = [0] * n
+    for p in list(REGISTRY._payloads.values()):
+        array = p.array
+        if not p.counted or array is None or not hasattr(array, "sharding"):
+            if p.counted and array is not None:  # a computed LazyValue: count where its buffer is
+                array = getattr(array, "concrete", None)
+            if array is None or not hasattr(array, "sharding"):
+                continue
+        for chip, nbytes in chip_bytes(array, p.dtype.itemsize):
+            per_chip[chip] += nbytes
+    return per_chip
 
 
 def free() -> int:
-    """Bytes that can still be allocated: capacity minus live tensors, and on host-backed memory no more
-    than the host has available (other processes and this one's CPU tensors use it too)."""
-    left = max(capacity() - allocated(), 0)
+    """Bytes that can still be allocated, summed over the chips (each chip's limit minus what it holds);
+    on host-backed memory no more than the host has available (other processes and this one's CPU
+    tensors use it too)."""
+    cap = chip_capacity()
+    left = sum(max(cap - used, 0) for used in allocated_per_chip())
     if host_backed():
         import psutil
 
@@ -79,23 +115,48 @@ def allocated() -> int:
     return REGISTRY.allocated
 
 
-def check_capacity(nbytes: int) -> None:
-    """Refuse a request that cannot fit, the way CUDA does, before anything is half-built."""
+def check_capacity(nbytes: int, array=None) -> None:
+    """Refuse a request that cannot fit, the way CUDA does, before anything is half-built. `array`: the
+    buffer being adopted, when it exists already (its placement says which chips hold how much)."""
     if nbytes <= (1 << 26) and _fraction[0] == 1.0:
         return
     from hf_tpu.runtime.buffers.storage import REGISTRY
 
-    cap = limit()
-    if nbytes + REGISTRY.allocated > cap:
-        REGISTRY.sweep()
+    chips = len(platform.devices())
+    if chips == 1:
+        cap = limit()
         if nbytes + REGISTRY.allocated > cap:
-            raise torch.OutOfMemoryError(
-                # "<device> out of memory. Tried to allocate" as CUDA/XPU word it: accelerate's
-                # find_executable_batch_size (Trainer's auto_find_batch_size) retries on " out of memory."
-                f"tpu out of memory. Tried to allocate {_human(nbytes)} ({nbytes} bytes); the device holds "
-                f"{_human(cap)}{_fraction_note()} of which {_human(REGISTRY.allocated)} is allocated by tensors. "
-                "Free tensors, use a smaller batch or dtype, or shard the model (device_map)."
-            )
+            REGISTRY.sweep()
+            if nbytes + REGISTRY.allocated > cap:
+                raise torch.OutOfMemoryError(
+                    # "<device> out of memory. Tried to allocate" as CUDA/XPU word it: accelerate's
+                    # find_executable_batch_size (Trainer's auto_find_batch_size) retries on " out of memory."
+                    f"tpu out of memory. Tried to allocate {_human(nbytes)} ({nbytes} bytes); the device holds "
+                    f"{_human(cap)}{_fraction_note()} of which {_human(REGISTRY.allocated)} is allocated by "
+                    "tensors. Free tensors, use a smaller batch or dtype, or shard the model (device_map)."
+                )
+        return
+    if nbytes < (1 << 20):  # per chip, small buffers are not worth a count of every live one
+        return
+    # per chip: an unsharded buffer lands on the first chip, a placed one where its sharding says
+    need = [0] * chips
+    if array is not None and hasattr(array, "sharding") and getattr(array, "committed", False):
+        from hf_tpu.runtime.buffers.placement import chip_bytes
+
+        for chip, n in chip_bytes(array, nbytes // max(math.prod(array.shape), 1)):
+            need[chip] = n
+    else:
+        need[0] = nbytes
+    cap = chip_limit()
+    used = allocated_per_chip()
+    worst = max(range(chips), key=lambda c: need[c] + used[c])
+    if need[worst] + used[worst] > cap:
+        raise torch.OutOfMemoryError(
+            f"tpu out of memory. Tried to allocate {_human(nbytes)} ({nbytes} bytes), {_human(need[worst])} of it on "
+            f"chip {worst}, which holds {_human(cap)}{_fraction_note()} of which {_human(used[worst])} is allocated "
+            f"by tensors (the device has {chips} chips). Free tensors, use a smaller batch or dtype, or shard the "
+            "tensor over the chips (hf_tpu.shard, device_map='tpu')."
+        )
 
 
 def _fraction_note() -> str:

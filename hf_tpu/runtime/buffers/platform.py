@@ -168,7 +168,15 @@ def devices() -> tuple:
         ) from exc
     if devs and devs[0].platform == "cpu":
         tune_host_allocator()
+    if forced and devs and devs[0] != j.devices()[0]:
+        # unsharded arrays are uncommitted: they go to JAX's default device, which must be ours
+        j.config.update("jax_default_device", devs[0])
+    MULTI_CHIP[0] = len(devs) > 1
     return tuple(devs)
+
+
+# more than one local chip (hot paths check this list's only element: N-D view reads, accounting)
+MULTI_CHIP = [False]
 
 
 # glibc mallopt parameters

@@ -29,6 +29,7 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -128,6 +129,10 @@ class GraphProgram:
         self._static: tuple = ()
         self._storm_warned = False
         self._warmed = False  # the first call compiled ahead, outside DONATION_LOCK (`_compile_ahead`)
+        self._example: tuple | None = (
+            None  # the first call's (keys, *inputs) as abstract values (`compiled_text`)
+        )
+        PROGRAMS.add(self)
         if self.missing:
             self._prepare_op_by_op()
 
@@ -286,6 +291,8 @@ class GraphProgram:
             else:
                 arrays.append(a)
         keys = rng.next_material(self.n_random) if self.n_random else None
+        if self._example is None:
+            self._example = _abstract(keys, arrays)
         plan = self.donation_plan if _donate_enabled() else ()
         if plan and not self._warmed:
             self._compile_ahead(args, keys, arrays)
@@ -327,6 +334,13 @@ class GraphProgram:
         kept = {self._jit_index[k] for k in updated}
         platform.last_launched[0] = [o for j, o in enumerate(outs) if j not in kept] if kept else list(outs)
         return self._results(outs, args, updated)
+
+    def compiled_text(self) -> str:
+        """The optimized HLO XLA compiled for this graph's first call (inputs' shapes, dtypes and placements):
+        where GSPMD put the collectives of a sharded model, for instance."""
+        if self._example is None or self._jitted is None:
+            raise RuntimeError(f"graph {self.name} has not run yet (or runs op by op): nothing was compiled")
+        return self._jitted.lower(*self._example).compile().as_text()
 
     def _results(self, outs: tuple, args: tuple, updated: dict) -> list:
         """The graph's outputs as eager gives them, from the jitted program's results `outs` (see
@@ -420,6 +434,22 @@ class GraphProgram:
             "bucket sizes (hf_tpu.compile(model, buckets=...)) to avoid a recompile storm.",
             stacklevel=3,
         )
+
+
+def _abstract(keys, arrays: list) -> tuple:
+    """(keys, *arrays) with every array as its shape, dtype and placement (no reference to its buffer)."""
+    jax = platform.jax()
+
+    def spec(a):
+        if hasattr(a, "sharding") and hasattr(a, "shape"):  # uncommitted arrays go where they are needed
+            return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding if a.committed else None)
+        return a
+
+    return (keys, *[spec(a) for a in arrays])
+
+
+# every live compiled graph (hf_tpu.compiled_programs)
+PROGRAMS: weakref.WeakSet = weakref.WeakSet()
 
 
 def _compiled_count(fn) -> int:

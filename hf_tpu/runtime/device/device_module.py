@@ -53,6 +53,7 @@ __all__ = [
     "max_memory_allocated",
     "max_memory_reserved",
     "mem_get_info",
+    "memory_allocated_per_chip",
     "memory_allocated",
     "memory_reserved",
     "memory_stats",
@@ -316,7 +317,11 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
         ("Allocated memory (live tensors)", _memory._human(_REGISTRY.allocated)),
         ("Peak allocated memory", _memory._human(_REGISTRY.peak)),
         ("Live storages", str(len(_REGISTRY._payloads))),
-        ("Device capacity", _memory._human(total)),
+        (
+            "Device capacity",
+            f"{_memory._human(total)} ({device_count()} chip(s) of {_memory._human(_memory.chip_capacity())})",
+        ),
+        ("Allocated per chip", ", ".join(_memory._human(b) for b in _memory.allocated_per_chip())),
         ("Allocation limit (memory fraction)", f"{_memory._human(_memory.limit())} ({_memory.fraction():g})"),
         ("Free", _memory._human(free)),
     ]
@@ -364,11 +369,19 @@ OutOfMemoryError = torch.OutOfMemoryError
 
 
 def mem_get_info(device=None) -> tuple[int, int]:
-    """(free, total) bytes of the device (all chips together); on JAX's CPU platform free is also bounded
-    by the host's available memory."""
+    """(free, total) bytes of the device: all chips together, i.e. what a model sharded over them can use
+    (each chip's limit minus what it holds); on JAX's CPU platform free is also bounded by the host's
+    available memory."""
     _check_index(device)
     _REGISTRY.sweep()
     return _memory.free(), _memory.capacity()
+
+
+def memory_allocated_per_chip(device=None) -> list[int]:
+    """Bytes of live tpu tensors on each chip: a replicated tensor counts on every chip, a sharded one its
+    part on each, an unsharded one on the first chip. `memory_allocated()` is the total of distinct bytes."""
+    _check_index(device)
+    return _memory.allocated_per_chip()
 
 
 # -- streams and events: valid objects with synchronous semantics ----------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 
 from hf_tpu.runtime import arg_checks
-from hf_tpu.runtime.buffers import executables, memory, platform
+from hf_tpu.runtime.buffers import executables, memory, placement, platform
 from hf_tpu.runtime.buffers.dtypes import convert, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import DONATION_LOCK, update_lock
@@ -318,6 +318,9 @@ def op_failure(op, full, kinds, exc: BaseException) -> BaseException:
     where = _user_frame()
     if memory.is_jax_oom(exc):
         return memory.oom_from_jax(exc, f"{op} on {_describe(full, kinds)} (at {where})")
+    mismatch = placement.mesh_mismatch(exc, f"{op} on ({_describe(full, kinds)}) at {where}")
+    if mismatch is not None:
+        return mismatch
     return RuntimeError(
         f"hf_tpu: {op} failed on ({_describe(full, kinds)}) at {where}: {type(exc).__name__}: {exc}"
     )

@@ -540,12 +540,14 @@ def _restore_overwritten(trace: Trace, failure: BaseException) -> None:
 
 def _op_error(holder, fn, exc: BaseException, reason: str) -> BaseException:
     """The error a failed recorded op raises at the flush: the op named, out-of-memory as torch's."""
-    from hf_tpu.runtime.buffers import memory
+    from hf_tpu.runtime.buffers import memory, placement
 
     what = _op_name(holder, fn)
     where = f"{what}, recorded under DeferAndFuse and run at a flush ({reason})"
     if memory.is_jax_oom(exc):
         error = memory.oom_from_jax(exc, where)
+    elif (mismatch := placement.mesh_mismatch(exc, where)) is not None:
+        error = mismatch
     else:
         error = RuntimeError(
             f"hf_tpu: {where} failed: {type(exc).__name__}: {_gist(exc)}. Tensors computed from it have no value; "

@@ -9,9 +9,11 @@ import torch
 from hf_tpu.runtime.buffers import host_copies, platform
 from hf_tpu.runtime.buffers.dtypes import convert, to_jax_dtype
 from hf_tpu.runtime.buffers.placement import host_to_jax, jax_to_host
+from hf_tpu.runtime.buffers.platform import MULTI_CHIP
 from hf_tpu.runtime.buffers.platform import check_index as _check_index
 from hf_tpu.runtime.launch import lazy
 from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.sharding import follow_placement
 from hf_tpu.runtime.tensors.strided import inverse_order, memory_order
 from hf_tpu.runtime.tensors.tensor import (
     new_strided,
@@ -148,6 +150,29 @@ def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory
         stride = torch.empty(size, device="meta", memory_format=memory_format).stride()
         return new_strided(size, stride, dtype)
     return new_tensor(size, dtype)
+
+
+_empty_like = torch.ops.aten.empty_like.default._handle.redispatch_boxed
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+@lowers("aten::empty_like", kind="host")
+def empty_like(self, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """PyTorch's own `empty_like` (its composite kernel, reached through the CPU key: it allocates on
+    self's device), and with several chips the result is placed on the mesh as `self` is, so
+    `zeros_like(param)` (optimizer state) is sharded like its parameter."""
+    out = _empty_like(
+        _CPU_KEYS,
+        self,
+        dtype=dtype,
+        layout=layout,
+        device=device,
+        pin_memory=pin_memory,
+        memory_format=memory_format,
+    )
+    if MULTI_CHIP[0] and out.device.type == "tpu" and self.device.type == "tpu":
+        follow_placement(out, self)
+    return out
 
 
 @lowers("aten::empty_strided", kind="host")

@@ -13,6 +13,8 @@ from hf_tpu.runtime.buffers import platform
 from hf_tpu.runtime.buffers.dtypes import check_platform_dtype, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.buffers.memory import _fraction as _FRACTION
 from hf_tpu.runtime.buffers.memory import check_capacity
+from hf_tpu.runtime.buffers.placement import keep_placement
+from hf_tpu.runtime.buffers.platform import MULTI_CHIP
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import (
     DONATION_LOCK,
@@ -25,6 +27,7 @@ from hf_tpu.runtime.buffers.threads import (
 )
 from hf_tpu.runtime.launch import lazy
 from hf_tpu.runtime.launch.lazy import LazyValue
+from hf_tpu.runtime.tensors import nd_views
 from hf_tpu.runtime.tensors.strided import box_plan, grid_shape, grid_starts, read_box, write_box, write_grid
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -57,7 +60,7 @@ def new_tensor(shape, dtype: torch.dtype, array=None) -> torch.Tensor:
         check_capacity(nbytes)
         check_platform_dtype(dtype)
     elif _FRACTION[0] != 1.0:  # set_per_process_memory_fraction: every new buffer counts
-        check_capacity(nbytes)
+        check_capacity(nbytes, array)
     t = _create(shape, dtype)
     if _SWAP:
         REGISTRY.adopt(t.untyped_storage(), nbytes, shape, dtype, array)
@@ -138,7 +141,9 @@ def to_jax_lazy(t: torch.Tensor):
     array, view, _ = op_input(t, bake_offset=True)
     if view is None:
         return array
-    if view.stride is None:
+    if view.nd:
+        read = _read_nd(view.base_shape, view.shape, view.stride)
+    elif view.stride is None:
         read = _read_contiguous(view.base_shape, view.shape)
     else:
         read = _read_strided(view.base_shape, view.shape, view.stride)
@@ -152,8 +157,10 @@ class View(NamedTuple):
 
     base_shape: tuple
     shape: tuple
-    stride: tuple | None  # None: contiguous
-    offset: int | None  # None: traced (an extra input follows the array)
+    stride: tuple | None  # None: contiguous (flat reads)
+    offset: int | tuple | None  # None: traced (an extra input follows the array); N-D: one start per dim
+    # read in N-D (nd_views.py): the view's strides, and per refined dim of the base where it starts
+    nd: bool = False
 
 
 def op_input(t: torch.Tensor, bake_offset: bool):
@@ -181,6 +188,13 @@ def op_input(t: torch.Tensor, bake_offset: bool):
     contiguous = t.is_contiguous()
     if offset == 0 and contiguous and shape == p.shape:
         return array, None, None
+    if MULTI_CHIP[0]:  # a sharded base stays sharded through an N-D read (nd_views.py)
+        stride = t.stride()
+        starts = _nd_starts(p.shape, tuple(shape), stride, offset)
+        if starts is not None:
+            if bake_offset or not any(starts):
+                return array, View(p.shape, tuple(shape), stride, starts, True), None
+            return array, View(p.shape, tuple(shape), stride, None, True), starts
     stride = None if contiguous else t.stride()
     if bake_offset or offset == 0:
         return array, View(p.shape, tuple(shape), stride, offset), None
@@ -207,6 +221,8 @@ def read_input(jax, view: View | None, it):
     if view is None:
         return x
     offset = next(it) if view.offset is None else view.offset
+    if view.nd:
+        return nd_views.read(jax, x, offset, nd_views.nd_plan(view.base_shape, view.shape, view.stride))
     return read_view(jax, x, offset, view.shape, view.stride)
 
 
@@ -305,11 +321,19 @@ def write(t: torch.Tensor, value) -> None:
         raise RuntimeError(f"hf_tpu: cannot write into a tensor on {t.device} without a tpu payload")
     shape = tuple(t.shape)
     offset = t.storage_offset()
+    nd = None
     if t.dtype == p.dtype:
         if offset == 0 and t.is_contiguous() and math.prod(shape) == math.prod(p.shape):
-            REGISTRY.set_array(ptr, value if shape == p.shape else _reshaped(value, p.shape))
+            value = value if shape == p.shape else _reshaped(value, p.shape)
+            if MULTI_CHIP[0] and type(value) is not LazyValue:
+                value = keep_placement(p.array, value)
+            REGISTRY.set_array(ptr, value)
             return
-        if t.is_contiguous():
+        if MULTI_CHIP[0]:  # N-D, so a sharded buffer stays sharded (nd_views.py)
+            nd = _nd_write(p.shape, shape, t.stride(), offset)
+        if nd is not None:
+            put, offset = nd
+        elif t.is_contiguous():
             put = _write_contiguous(p.shape, shape)
         else:
             stride = t.stride()
@@ -324,14 +348,49 @@ def write(t: torch.Tensor, value) -> None:
     if type(value) is not LazyValue and can_update_in_place(p):
         with DONATION_LOCK:
             if can_update_in_place(p):  # still (another thread may have appeared)
-                REGISTRY.set_array(ptr, run_donating(put, 0, p.array, value, offset))
+                old = p.array
+                result = run_donating(put, 0, old, value, offset)
+                REGISTRY.set_array(ptr, keep_placement(old, result) if MULTI_CHIP[0] else result)
                 return
     shape = p.shape if t.dtype == p.dtype else None
     # with several threads, read the buffer, write the view into a copy and store it as one step: two
     # threads writing different elements of one tensor must not lose either write
     with update_lock():
         base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
-        REGISTRY.set_array(ptr, _call(put, base, value, offset, shape=shape))
+        result = _call(put, base, value, offset, shape=shape)
+        if MULTI_CHIP[0] and type(result) is not LazyValue:
+            result = keep_placement(base, result)
+        REGISTRY.set_array(ptr, result)
+
+
+def _nd_starts(base_shape: tuple, shape: tuple, stride: tuple, offset: int) -> tuple | None:
+    """Where an N-D read of view (shape, stride, offset) of a base of `base_shape` starts, or None when
+    the view has no N-D plan (the flat read serves it)."""
+    plan = nd_views.nd_plan(base_shape, shape, stride)
+    return None if plan is None else nd_views.starts(plan, base_shape, offset)
+
+
+def _nd_write(base_shape: tuple, shape: tuple, stride: tuple, offset: int):
+    """(jitted writer, starts) for an N-D write through view (shape, stride, offset), or None."""
+    plan = nd_views.nd_plan(base_shape, shape, stride)
+    if not nd_views.writable(plan):
+        return None
+    starts = nd_views.starts(plan, base_shape, offset)
+    return None if starts is None else (_write_nd(base_shape, shape, stride), starts)
+
+
+@cache
+def _read_nd(base_shape: tuple, shape: tuple, stride: tuple):
+    jax = platform.jax()
+    plan = nd_views.nd_plan(base_shape, shape, stride)
+    return jax.jit(lambda base, starts: nd_views.read(jax, base, starts, plan))
+
+
+@cache
+def _write_nd(base_shape: tuple, shape: tuple, stride: tuple):
+    jax = platform.jax()
+    plan = nd_views.nd_plan(base_shape, shape, stride)
+    return jax.jit(lambda base, value, starts: nd_views.write(jax, base, value, starts, plan))
 
 
 def _reshaped(value, shape: tuple):
