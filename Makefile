@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call lint format
+.PHONY: install test test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding lint format
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,7 +76,11 @@ bench-load: install
 bench-generate: install
 	$(PY) benchmarks/bench_generate.py --out reports/bench
 
-bench: bench-eager bench-modes bench-first-call bench-load bench-generate
+# 1 vs 2 vs 8 forced host chips, each in its own process (the script sets XLA_FLAGS per case)
+bench-sharding: install
+	$(PY) benchmarks/bench_sharding.py --out reports/bench
+
+bench: bench-eager bench-modes bench-first-call bench-load bench-generate bench-sharding
 
 lint: install
 	$(PY) -m ruff format --check hf_tpu compat tests benchmarks

@@ -168,29 +168,34 @@ class CoverageTrace(TorchDispatchMode):
 
 # -- running one sample -----------------------------------------------------------------------------
 # with several chips: lay sample inputs out over the current mesh (tests/multichip), see `sharded_inputs`
-_SHARD_INPUTS = [False]
+_SHARD_INPUTS: list = [None]  # the counts of the active `sharded_inputs` block, or None
 
 
 @contextlib.contextmanager
 def sharded_inputs():
     """Inside the block, every tpu input tensor of a sample is split over the current mesh's one axis along
-    its first dim that divides (dim 0, else the last, else any), or left unsharded when none does."""
-    _SHARD_INPUTS[0] = True
+    its first dim that divides (dim 0, else the last, else any), or left unsharded when none does. Yields
+    counts: input tensors seen ("tensors") and split ("sharded")."""
+    counts = collections.Counter()
+    _SHARD_INPUTS[0] = counts
     try:
-        yield
+        yield counts
     finally:
-        _SHARD_INPUTS[0] = False
+        _SHARD_INPUTS[0] = None
 
 
 def _shard_input(t: torch.Tensor) -> torch.Tensor:
     import hf_tpu
 
+    counts = _SHARD_INPUTS[0]
+    counts["tensors"] += 1
     if t.dim() == 0 or not t.is_contiguous() or t.numel() == 0:
         return t
     axis = hf_tpu.mesh().axis_names[0]
     ways = hf_tpu.mesh().shape[axis]
     for dim in [0, t.dim() - 1, *range(1, t.dim() - 1)]:
         if t.shape[dim] % ways == 0:
+            counts["sharded"] += 1
             return hf_tpu.shard(t, tuple(axis if d == dim else None for d in range(t.dim())))
     return t
 
@@ -199,7 +204,7 @@ def _to_device(value, device: str):
     """Copy every tensor of a sample to `device`; 'cpu' devices in arguments (factories) follow."""
     if isinstance(value, torch.Tensor):
         moved = _same_layout(value.detach(), device)
-        return _shard_input(moved) if _SHARD_INPUTS[0] and device == "tpu" else moved
+        return _shard_input(moved) if _SHARD_INPUTS[0] is not None and device == "tpu" else moved
     if isinstance(value, torch.device):
         return torch.device(device) if value.type == "cpu" else value
     if isinstance(value, str):
@@ -642,8 +647,8 @@ class OpResult:
 
 def _family(overload: str) -> str:
     """The module that lowers an overload ('elementwise', 'copy', 'views', ...) for the report."""
-    from hf_tpu.runtime.lowerings.table import TABLE, resolve
     from hf_tpu.runtime.execution import view_kernels as views
+    from hf_tpu.runtime.lowerings.table import TABLE, resolve
 
     try:
         func = resolve(overload.removeprefix("aten."))

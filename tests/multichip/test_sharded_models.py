@@ -249,3 +249,18 @@ def test_static_cache_is_sharded_by_heads_and_compiled_decode_does_not_recompile
     ).cpu()
     assert torch.equal(again, expected)
     assert executables.stats["compiles"] == compiles, "a second identical generate compiled something"
+
+
+def test_sharded_forward_under_defer_and_fuse_is_one_program_equal_to_cpu(saved):
+    from hf_tpu.runtime.launch import lazy
+
+    ref, _ = saved["llama"]
+    model = _load(saved, "llama")
+    batch = zoo.inputs("llama")
+    with torch.no_grad(), torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        flushes = lazy.stats["flushes"]
+        logits = model(**zoo.on("tpu", batch)).logits
+        torch.tpu.synchronize()
+        assert lazy.stats["flushes"] - flushes == 1  # the whole forward fused into one SPMD program
+    torch.testing.assert_close(logits.cpu(), ref(**batch).logits.detach(), atol=1e-5, rtol=1e-5)
+    assert hf_tpu.sharding(model.lm_head.weight) == ("model", None)

@@ -158,3 +158,32 @@ def test_shard_of_a_non_tensor_and_of_a_meta_tensor():
         hf_tpu.shard([1, 2], ("model",))
     with pytest.raises(PlacementError, match="is on meta"):
         hf_tpu.shard(torch.empty(8, device="meta"), ("model",))
+
+
+def test_views_of_a_split_buffer_stay_split_when_read():
+    """weight.t() of a row-split weight, a head split of a column-split projection, a slice along the split
+    dim: read in N-D, so the read keeps the split and gathers nothing to one chip."""
+    from hf_tpu.runtime.buffers.storage import REGISTRY
+    from hf_tpu.runtime.tensors import tensor as tt
+
+    w = hf_tpu.shard(torch.randn(16, 64), (None, "model"))
+    assert hf_tpu.sharding(w.t()) == ("model", None)
+    torch.testing.assert_close(w.t().cpu(), w.cpu().t())
+    h = hf_tpu.shard(torch.randn(2, 5, 64), (None, None, "model"))
+    heads = h.view(2, 5, 8, 8).transpose(1, 2)
+    assert hf_tpu.sharding(heads) == (None, "model", None, None)
+    torch.testing.assert_close(heads.cpu(), h.cpu().view(2, 5, 8, 8).transpose(1, 2))
+    cpu = torch.randn(64, 8)
+    rows = hf_tpu.shard(cpu, ("model", None))[8:40]
+    assert hf_tpu.sharding(rows) == ("model", None)  # 32 rows over 8 chips: still split
+    torch.testing.assert_close(rows.cpu(), cpu[8:40])
+    # the read kernel XLA compiled for the transpose holds no all-gather
+    array = REGISTRY.payload(w.untyped_storage().data_ptr()).array
+    view = w.t()
+    read = tt._read_nd(tuple(w.shape), tuple(view.shape), view.stride())
+    text = (
+        read.lower(array, tt._nd_starts(tuple(w.shape), tuple(view.shape), view.stride(), 0))
+        .compile()
+        .as_text()
+    )
+    assert "all-gather" not in text and "all-to-all" not in text

@@ -194,10 +194,15 @@ def read(jax, base, starts_: tuple, plan: NdPlan):
     lax = jax.lax
     x = base.reshape(plan.refined)
     spans = tuple((size - 1) * step + 1 for size, step in zip(plan.sizes, plan.steps))
-    if spans != plan.refined:
-        x = lax.dynamic_slice(x, starts_, spans)
-    if plan.strided:
-        x = lax.slice(x, (0,) * len(spans), spans, plan.steps)
+    if all(type(s) is int for s in starts_):  # static: a plain slice (along a split dim, GSPMD moves
+        # only the view's rows between chips; a dynamic slice there gathers the whole buffer first)
+        if spans != plan.refined or plan.strided:
+            x = lax.slice(x, starts_, tuple(a + b for a, b in zip(starts_, spans)), plan.steps)
+    else:
+        if spans != plan.refined:
+            x = lax.dynamic_slice(x, starts_, spans)
+        if plan.strided:
+            x = lax.slice(x, (0,) * len(spans), spans, plan.steps)
     x = x.reshape(tuple(plan.sizes[r] for r in plan.kept))
     if plan.perm != tuple(range(len(plan.perm))):
         x = x.transpose(plan.perm)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from functools import cache
@@ -13,7 +14,7 @@ from hf_tpu.runtime.buffers import platform
 from hf_tpu.runtime.buffers.dtypes import check_platform_dtype, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.buffers.memory import _fraction as _FRACTION
 from hf_tpu.runtime.buffers.memory import check_capacity
-from hf_tpu.runtime.buffers.placement import keep_placement
+from hf_tpu.runtime.buffers.placement import is_sharded, keep_placement
 from hf_tpu.runtime.buffers.platform import MULTI_CHIP
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import (
@@ -143,6 +144,8 @@ def to_jax_lazy(t: torch.Tensor):
         return array
     if view.nd:
         read = _read_nd(view.base_shape, view.shape, view.stride)
+        if type(array) is not LazyValue and not lazy._enabled and _split(array):
+            return baked(read, view.offset)(array)  # static starts: XLA moves only the view's part
     elif view.stride is None:
         read = _read_contiguous(view.base_shape, view.shape)
     else:
@@ -192,7 +195,7 @@ def op_input(t: torch.Tensor, bake_offset: bool):
         stride = t.stride()
         starts = _nd_starts(p.shape, tuple(shape), stride, offset)
         if starts is not None:
-            if bake_offset or not any(starts):
+            if bake_offset or not any(starts) or _split(array):
                 return array, View(p.shape, tuple(shape), stride, starts, True), None
             return array, View(p.shape, tuple(shape), stride, None, True), starts
     stride = None if contiguous else t.stride()
@@ -293,9 +296,12 @@ def _recorded_offset(fn, args: tuple) -> tuple:
 
 
 def _at_offset(fn, offset):
-    """`fn` (a view kernel taking the storage offset last) with `offset` fixed, cached."""
+    """`fn` (a view kernel taking the storage offset last) with `offset` fixed, cached. The kernel's own
+    function is traced with the offset as a constant (through the jitted kernel it would be traced again as
+    an input: an N-D read of a split dim would then be a dynamic slice, which GSPMD gathers first)."""
     jax = platform.jax()
-    fixed = _offset_fns[(fn, offset)] = jax.jit(lambda *args: fn(*args, offset))
+    inner = getattr(fn, "__wrapped__", fn)
+    fixed = _offset_fns[(fn, offset)] = jax.jit(lambda *args: inner(*args, offset))
     return fixed
 
 
@@ -333,6 +339,8 @@ def write(t: torch.Tensor, value) -> None:
             nd = _nd_write(p.shape, shape, t.stride(), offset)
         if nd is not None:
             put, offset = nd
+            if type(value) is not LazyValue and not lazy._enabled and _split(p.array):
+                put, offset = _baked_write(put, offset), ()
         elif t.is_contiguous():
             put = _write_contiguous(p.shape, shape)
         else:
@@ -361,6 +369,30 @@ def write(t: torch.Tensor, value) -> None:
         if MULTI_CHIP[0] and type(result) is not LazyValue:
             result = keep_placement(base, result)
         REGISTRY.set_array(ptr, result)
+
+
+def _split(array) -> bool:
+    """Whether payload `array` is split over chips: its views then read and write at static starts (a
+    slice at traced starts along a split dim makes GSPMD gather the whole buffer to every chip first)."""
+    return type(array) is not LazyValue and array is not None and is_sharded(array)
+
+
+@functools.lru_cache(maxsize=4096)
+def baked(fn, starts: tuple):
+    """Jitted view kernel `fn(base, starts)` with `starts` fixed (a program per distinct view position)."""
+    jax = platform.jax()
+    inner = (
+        fn.__wrapped__
+    )  # traced inside this jit with `starts` as Python ints (a jitted fn would trace them)
+    return jax.jit(lambda base: inner(base, starts))
+
+
+@functools.lru_cache(maxsize=4096)
+def _baked_write(fn, starts: tuple):
+    """Jitted writer `fn(base, value, starts)` with `starts` fixed; called as (base, value, ())."""
+    jax = platform.jax()
+    inner = fn.__wrapped__
+    return jax.jit(lambda base, value, _: inner(base, value, starts))
 
 
 def _nd_starts(base_shape: tuple, shape: tuple, stride: tuple, offset: int) -> tuple | None:
