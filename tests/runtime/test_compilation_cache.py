@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
         return torch.nn.functional.gelu(a * 2 + 1).mean(dim=0)
 
     compiled = torch.compile(step, backend="tpu")(x).cpu().tolist()
-    from hf_tpu.runtime import platform
+    from hf_tpu.runtime.buffers import platform
     print("RESULT " + json.dumps({
         "eager": eager, "compiled": compiled, "dir": jax.config.jax_compilation_cache_dir,
         "platform_dir": platform.compilation_cache_dir(), **counts,

@@ -86,7 +86,7 @@ def test_debug_mode_blocks_and_names_op_and_user_frame():
         x = torch.ones(4, device="tpu")
         y = (x * 2).sum()
         assert y.item() == 8.0
-        from hf_tpu.runtime import dispatch
+        from hf_tpu.runtime.execution import dispatch
         from hf_tpu.runtime.lowerings.table import TABLE, Lowering, resolve
         def broken(x):
             raise ValueError("boom inside the lowering")
