@@ -54,6 +54,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
         "torch_dynamo:allow_tpu_device_queries",
     ),
     "torch._dynamo.variables.torch": ("torch_dynamo:fold_tpu_device_queries",),
+    "torch._inductor.compile_fx": ("torch_dynamo:route_tpu_graphs_from_inductor",),
     "torch.nn.attention.flex_attention": ("torch_flex_attention:allow_tpu",),
 }
 
