@@ -51,9 +51,18 @@ def compile(model, **kwargs):  # noqa: A001 - mirrors torch.compile
     return _compile(model, **kwargs)
 
 
+def compile_pipeline(pipe, **kwargs):
+    """Compile a diffusers pipeline's denoisers, text encoders and VAE decoder for tpu, in place (see
+    `hf_tpu.integrations.diffusers_compile.compile_pipeline`); `loop=True` runs the denoising loop as one program."""
+    from hf_tpu.integrations.diffusers_compile import compile_pipeline as _compile_pipeline
+
+    return _compile_pipeline(pipe, **kwargs)
+
+
 __all__ = [
     "register",
     "compile",
+    "compile_pipeline",
     "mesh",
     "set_mesh",
     "use_mesh",

@@ -604,7 +604,9 @@ def _flux():
 
 @family(
     "flux_kontext",
-    call=_flow_call(image=image(), guidance_scale=3.5, max_sequence_length=8, _auto_resize=False, max_area=256),
+    call=_flow_call(
+        image=image(), guidance_scale=3.5, max_sequence_length=8, _auto_resize=False, max_area=256
+    ),
     load="to",
 )
 @_seeded
@@ -614,7 +616,9 @@ def _flux_kontext():
     return FluxKontextPipeline(image_encoder=None, feature_extractor=None, **_flux_components())
 
 
-@family("flux_fill", call=_flow_call(image=image(), mask_image=mask(), guidance_scale=30.0, max_sequence_length=8))
+@family(
+    "flux_fill", call=_flow_call(image=image(), mask_image=mask(), guidance_scale=30.0, max_sequence_length=8)
+)
 @_seeded
 def _flux_fill():
     from diffusers import FluxFillPipeline
@@ -834,8 +838,18 @@ def _auraflow():
     )
 
 
-@family("hunyuandit", call=lambda: dict(prompt=PROMPT, num_inference_steps=2, height=16, width=16,
-                                        guidance_scale=5.0, output_type="np", use_resolution_binning=False))
+@family(
+    "hunyuandit",
+    call=lambda: dict(
+        prompt=PROMPT,
+        num_inference_steps=2,
+        height=16,
+        width=16,
+        guidance_scale=5.0,
+        output_type="np",
+        use_resolution_binning=False,
+    ),
+)
 @_seeded
 def _hunyuandit():
     from diffusers import DDPMScheduler, HunyuanDiT2DModel, HunyuanDiTPipeline
@@ -888,7 +902,12 @@ def _video_call(frames: int = 5, size: int = 16, **extra):
 @family("cogvideox", call=_video_call(guidance_scale=6.0), output="frames")
 @_seeded
 def _cogvideox():
-    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler, CogVideoXPipeline, CogVideoXTransformer3DModel
+    from diffusers import (
+        AutoencoderKLCogVideoX,
+        CogVideoXDDIMScheduler,
+        CogVideoXPipeline,
+        CogVideoXTransformer3DModel,
+    )
 
     transformer = CogVideoXTransformer3DModel(
         num_attention_heads=4,
@@ -981,8 +1000,13 @@ def _wan_i2v():
 
     image_encoder = CLIPVisionModelWithProjection(
         CLIPVisionConfig(
-            hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
-            intermediate_size=16, patch_size=1,
+            hidden_size=4,
+            projection_dim=4,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            intermediate_size=16,
+            patch_size=1,
         )
     ).eval()
     return WanImageToVideoPipeline(
@@ -996,11 +1020,19 @@ def _wan_i2v():
     )
 
 
-@family("ltx_video", call=_video_call(frames=9, size=32, guidance_scale=3.0, decode_timestep=0.05,
-                                      decode_noise_scale=0.025), output="frames")
+@family(
+    "ltx_video",
+    call=_video_call(frames=9, size=32, guidance_scale=3.0, decode_timestep=0.05, decode_noise_scale=0.025),
+    output="frames",
+)
 @_seeded
 def _ltx():
-    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXPipeline, LTXVideoTransformer3DModel
+    from diffusers import (
+        AutoencoderKLLTXVideo,
+        FlowMatchEulerDiscreteScheduler,
+        LTXPipeline,
+        LTXVideoTransformer3DModel,
+    )
 
     transformer = LTXVideoTransformer3DModel(
         in_channels=8,
@@ -1100,8 +1132,7 @@ def _hunyuan_video():
 
 @family(
     "stable_audio",
-    call=lambda: dict(prompt=PROMPT, num_inference_steps=2, guidance_scale=7.0,
-                      output_type="np"),
+    call=lambda: dict(prompt=PROMPT, num_inference_steps=2, guidance_scale=7.0, output_type="np"),
     output="audios",
 )
 @_seeded

@@ -1,0 +1,99 @@
+"""Every diffusers pipeline family of `diffusion_zoo.py` on tpu gives CPU's output for the same CPU generator:
+Strict, DeferAndFuse, and with `hf_tpu.compile_pipeline` (denoiser, text encoders and image VAE decoders
+compiled with the `tpu` backend). Each family is built on CPU, saved, and reloaded onto tpu with
+`from_pretrained(..., device_map="tpu")` or `.to("tpu")`.
+
+Families marked `fast` in the zoo run in the default suite; the rest with `-m slow`. fp32, atol 1e-4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.integrations.diffusion_zoo import FAMILIES, KandinskyPriorDecoder, output_of
+
+
+def _params(select=lambda f: True):
+    return [
+        pytest.param(name, marks=() if f.fast else pytest.mark.slow, id=name)
+        for name, f in FAMILIES.items()
+        if select(f)
+    ]
+
+
+_references: dict = {}
+
+
+def reference(name: str, tmp_path_factory):
+    """(saved folder, CPU output) for a family, computed once per session."""
+    if name not in _references:
+        fam = FAMILIES[name]
+        pipe = fam.build()
+        expected = output_of(fam, pipe(**fam.inputs()))
+        path = tmp_path_factory.mktemp(name.replace("+", "_"))
+        pipe.save_pretrained(path)
+        _references[name] = (path, expected)
+    return _references[name]
+
+
+def load_on_tpu(name: str, path):
+    fam = FAMILIES[name]
+    cls = KandinskyPriorDecoder if isinstance(fam.build, type) else None
+    if name == "kandinsky22_prior_decoder":
+        cls = KandinskyPriorDecoder
+    if cls is None:
+        from diffusers import DiffusionPipeline
+
+        cls = DiffusionPipeline
+    if fam.load == "device_map":
+        pipe = cls.from_pretrained(path, device_map="tpu")
+    else:
+        pipe = cls.from_pretrained(path).to("tpu")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(name: str, pipe) -> np.ndarray:
+    fam = FAMILIES[name]
+    return output_of(fam, pipe(**fam.inputs()))
+
+
+def assert_matches(name: str, got: np.ndarray, expected: np.ndarray) -> None:
+    assert got.shape == expected.shape, name
+    assert np.isfinite(expected).all(), f"{name}: the CPU reference is not finite"
+    np.testing.assert_allclose(got, expected, atol=FAMILIES[name].atol, rtol=0, err_msg=name)
+
+
+def _on_tpu(pipe) -> bool:
+    return all(
+        p.device.type == "tpu"
+        for m in pipe.components.values()
+        if isinstance(m, torch.nn.Module)
+        for p in m.parameters()
+    )
+
+
+@pytest.mark.parametrize("name", _params())
+def test_family_on_tpu_matches_cpu_in_strict_and_defer_and_fuse(name, tmp_path_factory):
+    path, expected = reference(name, tmp_path_factory)
+    pipe = load_on_tpu(name, path)
+    assert _on_tpu(pipe)
+    assert_matches(name, run(name, pipe), expected)
+    with torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE):
+        assert_matches(name, run(name, pipe), expected)
+
+
+@pytest.mark.parametrize("name", _params())
+def test_family_compiled_matches_cpu(name, tmp_path_factory):
+    import hf_tpu
+
+    path, expected = reference(name, tmp_path_factory)
+    pipe = load_on_tpu(name, path)
+    if isinstance(pipe, KandinskyPriorDecoder):
+        hf_tpu.compile_pipeline(pipe.prior)
+        hf_tpu.compile_pipeline(pipe.decoder)
+    else:
+        hf_tpu.compile_pipeline(pipe)
+    assert_matches(name, run(name, pipe), expected)
