@@ -42,7 +42,8 @@ class _Looped:
         if why is not None:
             log.debug("hf_tpu loop=True: %s; running the step-by-step loop", why)
             return super().__call__(*args, **kwargs)
-        return runner.run(self, bound)
+        with torch.no_grad():  # as the pipelines' own __call__
+            return runner.run(self, bound)
 
 
 def _bind(call, pipe, args, kwargs) -> dict:
