@@ -30,7 +30,7 @@ def _lora_file(name: str, folder, seed: int, rank: int = 4) -> str:
     model.add_adapter(LoraConfig(r=rank, lora_alpha=rank, target_modules=targets, init_lora_weights=False))
     for n, p in model.named_parameters():  # visible effect at these tiny sizes
         if "lora_B" in n:
-            p.data.mul_(20.0)
+            p.data.mul_(4.0)
     layers = get_peft_model_state_dict(model)
     type(pipe).save_lora_weights(str(folder), **{f"{attr}_lora_layers": layers}, safe_serialization=True)
     return str(folder)
