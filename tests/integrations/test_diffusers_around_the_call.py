@@ -72,16 +72,19 @@ def test_vae_tiling_and_slicing_on_tpu_match_cpu():
         norm_num_groups=8,
         sample_size=16,
     ).eval()
-    vae.enable_tiling(tile_sample_min_height=16, tile_sample_min_width=16)
-    vae.tile_latent_min_size = 8
+    vae.enable_tiling()  # tiles of 16 pixels / 8 latents, blended: 32 x 32 images take 3 x 3 tiles
     vae.enable_slicing()
     latents = torch.randn(2, 4, 16, 16)
+    images = torch.rand(2, 3, 32, 32) * 2 - 1
     with torch.no_grad():
         expected = vae.decode(latents).sample
+        expected_mean = vae.encode(images).latent_dist.mean
         tpu = vae.to("tpu")
         got = tpu.decode(latents.to("tpu")).sample
+        got_mean = tpu.encode(images.to("tpu")).latent_dist.mean
     assert got.shape == expected.shape == (2, 3, 32, 32)
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_mean.cpu(), expected_mean, atol=1e-4, rtol=1e-4)
 
 
 def test_callback_on_step_end_latent_output_and_prompt_embeds_reuse_on_tpu():
@@ -199,6 +202,9 @@ def _dit_step(model, batch, device):
 
     scheduler = DDPMScheduler(num_train_timesteps=100)
     model = model.to(device).train()
+    for module in model.modules():  # classifier-free label dropout draws from the device's own RNG
+        if hasattr(module, "dropout_prob"):
+            module.dropout_prob = 0.0
     ema = EMAModel(model.parameters(), decay=0.9)
     latents, noise, timesteps, labels = (v.to(device) for v in batch)
     noisy = scheduler.add_noise(latents, noise, timesteps)
