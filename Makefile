@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding lint format
+.PHONY: install test test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,7 +80,10 @@ bench-generate: install
 bench-sharding: install
 	$(PY) benchmarks/bench_sharding.py --out reports/bench
 
-bench: bench-eager bench-modes bench-first-call bench-load bench-generate bench-sharding
+bench-diffusers: install
+	$(PY) benchmarks/bench_diffusers.py --out reports/bench
+
+bench: bench-eager bench-modes bench-first-call bench-load bench-generate bench-sharding bench-diffusers
 
 lint: install
 	$(PY) -m ruff format --check hf_tpu compat tests benchmarks
