@@ -184,7 +184,7 @@ def _compiled_graph_executables() -> int:
     return total
 
 
-@pytest.mark.parametrize("name", ["flux", "sd"])
+@pytest.mark.parametrize("name", ["flux", pytest.param("sd", marks=pytest.mark.slow)])
 def test_whole_loop_mode_equals_the_step_by_step_pipeline(name, xla_compiles):
     fam = FAMILIES[name]
     pipe = fam.build().to("tpu")

@@ -3,7 +3,9 @@ Strict, DeferAndFuse, and with `hf_tpu.compile_pipeline` (denoiser, text encoder
 compiled with the `tpu` backend). Each family is built on CPU, saved, and reloaded onto tpu with
 `from_pretrained(..., device_map="tpu")` or `.to("tpu")`.
 
-Families marked `fast` in the zoo run in the default suite; the rest with `-m slow`. fp32, atol 1e-4.
+Families marked `fast` in the zoo run Strict + DeferAndFuse in the default suite; the rest, and every
+family compiled, with `-m slow` (the default suite covers compiled SD, SD3 and Flux against CPU in
+test_diffusers_compile.py, with their compile counts). fp32, atol 1e-4.
 """
 
 from __future__ import annotations
@@ -15,11 +17,9 @@ import torch
 from tests.integrations.diffusion_zoo import FAMILIES, KandinskyPriorDecoder, output_of
 
 
-def _params(select=lambda f: True):
+def _params(fast=lambda f: f.fast):
     return [
-        pytest.param(name, marks=() if f.fast else pytest.mark.slow, id=name)
-        for name, f in FAMILIES.items()
-        if select(f)
+        pytest.param(name, marks=() if fast(f) else pytest.mark.slow, id=name) for name, f in FAMILIES.items()
     ]
 
 
@@ -39,14 +39,10 @@ def reference(name: str, tmp_path_factory):
 
 
 def load_on_tpu(name: str, path):
-    fam = FAMILIES[name]
-    cls = KandinskyPriorDecoder if isinstance(fam.build, type) else None
-    if name == "kandinsky22_prior_decoder":
-        cls = KandinskyPriorDecoder
-    if cls is None:
-        from diffusers import DiffusionPipeline
+    from diffusers import DiffusionPipeline
 
-        cls = DiffusionPipeline
+    fam = FAMILIES[name]
+    cls = KandinskyPriorDecoder if name == "kandinsky22_prior_decoder" else DiffusionPipeline
     if fam.load == "device_map":
         pipe = cls.from_pretrained(path, device_map="tpu")
     else:
@@ -85,7 +81,7 @@ def test_family_on_tpu_matches_cpu_in_strict_and_defer_and_fuse(name, tmp_path_f
         assert_matches(name, run(name, pipe), expected)
 
 
-@pytest.mark.parametrize("name", _params())
+@pytest.mark.parametrize("name", _params(fast=lambda f: False))
 def test_family_compiled_matches_cpu(name, tmp_path_factory):
     import hf_tpu
 
