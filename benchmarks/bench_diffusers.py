@@ -85,10 +85,11 @@ def bench(name: str, modes: list[str], s1: int, s2: int, rounds: int) -> dict:
     results = {}
     for mode in modes:
         t1, t2 = timings[f"{mode}@{s1}"]["median_s"], timings[f"{mode}@{s2}"]["median_s"]
-        step = max(t2 - t1, 1e-9) / (s2 - s1)
+        # None when machine noise exceeds the longer run's extra steps (t2 <= t1): no step time to report
+        step = (t2 - t1) / (s2 - s1) if t2 > t1 else None
         results[mode] = {
             "step_s": step,
-            "steps_per_s": 1 / step,
+            "steps_per_s": 1 / step if step else None,
             "generation_s": t2,
             "first_call_s": first[mode],
         }
@@ -122,10 +123,12 @@ def _markdown(runs: list[dict], env: dict) -> str:
             "|---|---|---|---|---|---|---|",
         ]
         for mode, r in run["modes"].items():
-            ve = f"{r['step_s'] / eager:.2f}x" if eager else "-"
-            vi = f"{r['step_s'] / inductor:.2f}x" if inductor else "-"
+            step = r["step_s"]
+            ve = f"{step / eager:.2f}x" if step and eager else "-"
+            vi = f"{step / inductor:.2f}x" if step and inductor else "-"
+            shown = (f"{step * 1e3:.2f}", f"{r['steps_per_s']:.1f}") if step else ("n/a (noise)", "-")
             lines.append(
-                f"| {mode} | {r['step_s'] * 1e3:.2f} | {r['steps_per_s']:.1f} | {r['generation_s'] * 1e3:.1f} | "
+                f"| {mode} | {shown[0]} | {shown[1]} | {r['generation_s'] * 1e3:.1f} | "
                 f"{r['first_call_s']:.2f} | {ve} | {vi} |"
             )
         lines += ["", f"TorchDynamo graphs compiled after the warm-up: {run['recompiles_after_warmup']}", ""]
