@@ -28,11 +28,21 @@ class XlaCompiles:
         import jax
 
         self.count = 0
+        self.names: list[str] = []  # the jitted function of each, in order (`interpret`: a compiled graph)
         jax.monitoring.register_event_duration_secs_listener(self._on)
 
     def _on(self, event: str, duration: float, **kwargs) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             self.count += 1
+            self.names.append(str(kwargs.get("fun_name")))
+
+    @staticmethod
+    def clears() -> int:
+        """How often hf_tpu unloaded JAX's in-memory executables (HF_TPU_MAP_BUDGET, in long runs): the
+        programs in use then load again (from the persistent cache), which JAX reports as compiles."""
+        from hf_tpu.runtime.buffers import executables
+
+        return executables.stats["clears"]
 
 
 @pytest.fixture(scope="module")
@@ -144,13 +154,14 @@ def test_compile_pipeline_later_steps_and_second_generation_compile_nothing(name
     assert xla_compiles.count > before  # the counter sees the first generation's compiles
     assert [s[0] for s in seen] == [0, 1, 2]
     assert len({s[1:] for s in seen}) == 1, f"steps 2-3 compiled: {seen}"
-    graphs, xla = counters["stats"]["unique_graphs"], xla_compiles.count
+    graphs, xla, clears = counters["stats"]["unique_graphs"], xla_compiles.count, xla_compiles.clears()
     seen.clear()
     second = output_of(
         fam, pipe(**{**fam.inputs(), "num_inference_steps": 3, "callback_on_step_end": after_step})
     )
     assert counters["stats"]["unique_graphs"] == graphs
-    assert xla_compiles.count == xla, "the second generation compiled an XLA executable"
+    if xla_compiles.clears() == clears:  # else executables were unloaded meanwhile and loaded again
+        assert xla_compiles.count == xla, "the second generation compiled an XLA executable"
     np.testing.assert_array_equal(first, second)
     reference = fam.build()
     expected = output_of(fam, reference(**{**fam.inputs(), "num_inference_steps": 3}))
@@ -198,10 +209,11 @@ def test_whole_loop_mode_equals_the_step_by_step_pipeline(name, xla_compiles):
     assert len(looped._hf_tpu_loop_programs) == 1
     scans = _scan_programs()
     assert scans and all(not p.missing for p in scans)  # the loop is one jitted program holding a lax.scan
-    xla = xla_compiles.count
+    xla, clears = xla_compiles.count, xla_compiles.clears()
     again = output_of(fam, looped(**{**fam.inputs(), "num_inference_steps": 3}))
     np.testing.assert_array_equal(again, got)
-    assert xla_compiles.count == xla  # the second generation reuses the loop program
+    if xla_compiles.clears() == clears:
+        assert xla_compiles.count == xla  # the second generation reuses the loop program
     # a call the loop does not cover (a callback) takes the pipeline's own loop, same result
     calls = []
     inputs = {**fam.inputs(), "num_inference_steps": 3}
