@@ -155,13 +155,20 @@ def test_compile_pipeline_later_steps_and_second_generation_compile_nothing(name
     assert [s[0] for s in seen] == [0, 1, 2]
     assert len({s[1:] for s in seen}) == 1, f"steps 2-3 compiled: {seen}"
     graphs, xla, clears = counters["stats"]["unique_graphs"], xla_compiles.count, xla_compiles.clears()
+    executables = _compiled_graph_executables()
     seen.clear()
     second = output_of(
         fam, pipe(**{**fam.inputs(), "num_inference_steps": 3, "callback_on_step_end": after_step})
     )
     assert counters["stats"]["unique_graphs"] == graphs
+    assert _compiled_graph_executables() == executables  # no compiled graph built a new executable
     if xla_compiles.clears() == clears:  # else executables were unloaded meanwhile and loaded again
-        assert xla_compiles.count == xla, "the second generation compiled an XLA executable"
+        # 0 when run alone. After many other tests in one process, one eager kernel (`jit(call)`,
+        # dispatch.py) was seen building one executable in the second generation of Flux (once; a third
+        # and fourth generation built none): process history in the eager op cache, never a compiled
+        # graph (`jit(interpret)`)
+        new = xla_compiles.names[xla:]
+        assert "jit(interpret)" not in new and len(new) <= 1, f"the second generation compiled {new}"
     np.testing.assert_array_equal(first, second)
     reference = fam.build()
     expected = output_of(fam, reference(**{**fam.inputs(), "num_inference_steps": 3}))
@@ -178,7 +185,7 @@ def _scan_programs() -> list:
     return [
         obj
         for obj in gc.get_objects()
-        if isinstance(obj, GraphProgram) and any(n.target is scan for n in obj.gm.graph.nodes)
+        if type(obj) is GraphProgram and any(n.target is scan for n in obj.gm.graph.nodes)
     ]
 
 
@@ -190,7 +197,7 @@ def _compiled_graph_executables() -> int:
 
     total = 0
     for obj in gc.get_objects():
-        if isinstance(obj, GraphProgram):
+        if type(obj) is GraphProgram:  # not isinstance: gc also lists dead weak proxies
             total += sum(_compiled_count(f) for f in (obj._jitted, *obj._donating.values()))
     return total
 
