@@ -651,7 +651,7 @@ def _controlnet_flux():
     return FluxControlNetPipeline(controlnet=controlnet, **_flux_components())
 
 
-@family("sd3", call=_flow_call(guidance_scale=5.0, max_sequence_length=8), fast=True, tags=("flowmatch",))
+@family("sd3", call=_flow_call(guidance_scale=5.0, max_sequence_length=8), tags=("flowmatch",))
 @_seeded
 def _sd3():
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline

@@ -58,6 +58,7 @@ def test_sd3_group_offloading_matches_cpu():
     _close(output_of(fam, pipe(**fam.inputs())), expected)
 
 
+@pytest.mark.slow
 def test_vae_tiling_and_slicing_on_tpu_match_cpu():
     from diffusers import AutoencoderKL
 
@@ -166,7 +167,7 @@ def _tiny_models():
     return {"unet": (UNet2DConditionModel, unet), "dit": (DiTTransformer2DModel, dit)}
 
 
-@pytest.mark.parametrize("kind", ["unet", "dit"])
+@pytest.mark.parametrize("kind", [pytest.param("unet", marks=pytest.mark.slow), "dit"])
 def test_training_step_with_training_utils_on_tpu_matches_cpu(kind):
     cls, model = _tiny_models()[kind]
     g = torch.Generator().manual_seed(3)
