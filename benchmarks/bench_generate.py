@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_load import config_100m  # noqa: E402
 from benchmarks.common import environment, write_report  # noqa: E402
+from benchmarks.models import llama_100m_config  # noqa: E402
 
 CASES = {
     "cpu eager + DynamicCache": ("cpu", "dynamic"),
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     cases = args.cases.split(",")
     with tempfile.TemporaryDirectory(prefix="bench_generate_") as tmp:
         torch.manual_seed(0)
-        LlamaForCausalLM(config_100m()).save_pretrained(tmp)
+        LlamaForCausalLM(llama_100m_config()).save_pretrained(tmp)
         models = {
             "cpu": AutoModelForCausalLM.from_pretrained(tmp).eval(),
             "tpu": AutoModelForCausalLM.from_pretrained(tmp, device_map="tpu").eval(),

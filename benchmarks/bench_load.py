@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.models import llama_100m_config  # noqa: E402
+
 CASES = {
     "cpu fp32": {"device_map": None, "dtype": "float32"},
     "tpu fp32": {"device_map": "tpu", "dtype": "float32"},
@@ -37,28 +39,12 @@ CASES = {
 }
 
 
-def config_100m():
-    """~110M parameters: Llama, width 768, 12 layers, vocab 32000 (tied)."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=32000,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=12,
-        num_key_value_heads=12,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
-
-
 def build_checkpoint(path: Path) -> dict:
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config_100m())
+    model = LlamaForCausalLM(llama_100m_config())
     params = sum(p.numel() for p in model.parameters())
     model.save_pretrained(path)
     size = sum(f.stat().st_size for f in path.glob("*.safetensors"))

@@ -30,25 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.models import llama_100m_config  # noqa: E402
+
 CHIPS = (1, 2, 8)
 SEQ = 128
 NEW_TOKENS = 32
-
-
-def config_100m():
-    """~110M parameters: Llama, width 768, 16 heads of 48, 12 layers, vocab 32000 (tied)."""
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=32000,
-        hidden_size=768,
-        intermediate_size=2048,
-        num_hidden_layers=12,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-    )
 
 
 def build_checkpoint(path: Path) -> dict:
@@ -56,7 +42,7 @@ def build_checkpoint(path: Path) -> dict:
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config_100m())
+    model = LlamaForCausalLM(llama_100m_config(heads=16))
     model.save_pretrained(path)
     return {
         "params": sum(p.numel() for p in model.parameters()),

@@ -128,3 +128,20 @@ def build(name: str, size: str = "tiny", seed: int = 0):
 
 def n_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def llama_100m_config(heads: int = 12):
+    """~110M parameters: Llama, width 768, 12 layers, vocab 32000 (tied); `heads` attention heads (16 divide
+    over 8 chips)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=12,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
