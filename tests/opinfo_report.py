@@ -184,20 +184,32 @@ def sharded_inputs():
         _SHARD_INPUTS[0] = None
 
 
+def split_dim(t: torch.Tensor, ways: int) -> int | None:
+    """The dim `sharded_inputs` splits `t` along over `ways` chips (dim 0, else the last, else any that
+    divides), or None when `t` stays whole (a scalar, an empty or non-contiguous tensor, no dim divides)."""
+    if t.dim() == 0 or not t.is_contiguous() or t.numel() == 0:
+        return None
+    return next((d for d in [0, t.dim() - 1, *range(1, t.dim() - 1)] if t.shape[d] % ways == 0), None)
+
+
+def splits_over(sample, ways: int) -> bool:
+    """Whether any tensor of OpInfo `sample` would be split over `ways` chips inside `sharded_inputs`."""
+    values = [sample.input, *sample.args, *sample.kwargs.values()]
+    flat = [x for v in values for x in (v if isinstance(v, (list, tuple)) else [v])]
+    return any(isinstance(t, torch.Tensor) and split_dim(t, ways) is not None for t in flat)
+
+
 def _shard_input(t: torch.Tensor) -> torch.Tensor:
     import hf_tpu
 
     counts = _SHARD_INPUTS[0]
     counts["tensors"] += 1
-    if t.dim() == 0 or not t.is_contiguous() or t.numel() == 0:
-        return t
     axis = hf_tpu.mesh().axis_names[0]
-    ways = hf_tpu.mesh().shape[axis]
-    for dim in [0, t.dim() - 1, *range(1, t.dim() - 1)]:
-        if t.shape[dim] % ways == 0:
-            counts["sharded"] += 1
-            return hf_tpu.shard(t, tuple(axis if d == dim else None for d in range(t.dim())))
-    return t
+    dim = split_dim(t, hf_tpu.mesh().shape[axis])
+    if dim is None:
+        return t
+    counts["sharded"] += 1
+    return hf_tpu.shard(t, tuple(axis if d == dim else None for d in range(t.dim())))
 
 
 def _to_device(value, device: str):
@@ -674,9 +686,11 @@ def run_opinfo(
     max_samples: int | None = None,
     run_unlowered: bool = False,
     mode: str = "strict",
+    keep=None,
 ) -> OpResult:
     """All samples of `op` at each supported dtype, within `budget_s` seconds (the rest is skipped),
-    run on tpu under `mode` (MODES). Samples Dynamo cannot capture whole count as skipped."""
+    run on tpu under `mode` (MODES). Samples Dynamo cannot capture whole count as skipped. `keep`
+    (sample -> bool), when given, selects the samples before `max_samples` counts them."""
     _ensure_device()
     key = op_key(op)
     res = OpResult(key)
@@ -696,6 +710,8 @@ def run_opinfo(
         except Exception as exc:  # noqa: BLE001
             dres.errors[f"sample_inputs: {error_line(exc)}"] = 1
             continue
+        if keep is not None:
+            samples = [s for s in samples if keep(s)]
         if max_samples is not None:
             samples = samples[:max_samples]
         traced = []

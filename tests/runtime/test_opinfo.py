@@ -127,11 +127,13 @@ def ops():
     return rep.opinfos()
 
 
-def _check(op, key: str, dtype: torch.dtype, mode: str = "strict", max_samples: int | None = None) -> None:
-    """≥ PASS_RATE of `op`'s samples at `dtype` pass on tpu (run under `mode`), or exactly the known ones
-    fail (xfail)."""
+def _check(
+    op, key: str, dtype: torch.dtype, mode: str = "strict", max_samples: int | None = None, keep=None
+) -> None:
+    """≥ PASS_RATE of `op`'s samples at `dtype` (those `keep` selects) pass on tpu (run under `mode`), or
+    exactly the known ones fail (xfail)."""
     dname = str(dtype).removeprefix("torch.")
-    res = rep.run_opinfo(op, dtypes=(dtype,), budget_s=120, max_samples=max_samples, mode=mode)
+    res = rep.run_opinfo(op, dtypes=(dtype,), budget_s=120, max_samples=max_samples, mode=mode, keep=keep)
     assert res.status not in ("not_lowered", "partial"), (
         f"{key} reaches ATen overloads with no tpu lowering: {', '.join(res.missing)}"
     )

@@ -144,8 +144,8 @@ def to_jax_lazy(t: torch.Tensor):
         return array
     if view.nd:
         read = _read_nd(view.base_shape, view.shape, view.stride)
-        if type(array) is not LazyValue and not lazy._enabled and _split(array):
-            return baked(read, view.offset)(array)  # static starts: XLA moves only the view's part
+        if not lazy._enabled and _split(array):
+            return fixed_offset(read, view.offset)(array)  # static starts: XLA moves only the view's part
     elif view.stride is None:
         read = _read_contiguous(view.base_shape, view.shape)
     else:
@@ -296,13 +296,20 @@ def _recorded_offset(fn, args: tuple) -> tuple:
 
 
 def _at_offset(fn, offset):
-    """`fn` (a view kernel taking the storage offset last) with `offset` fixed, cached. The kernel's own
-    function is traced with the offset as a constant (through the jitted kernel it would be traced again as
-    an input: an N-D read of a split dim would then be a dynamic slice, which GSPMD gathers first)."""
+    """`fixed_offset`, remembered for the DeferAndFuse bookkeeping above."""
+    fixed = _offset_fns[(fn, offset)] = fixed_offset(fn, offset)
+    return fixed
+
+
+@functools.lru_cache(maxsize=4096)
+def fixed_offset(fn, offset):
+    """View kernel `fn` (taking the storage offset, or N-D starts, last) with `offset` fixed: one program
+    per distinct position. The kernel's own function is traced with the offset as a constant (through the
+    jitted kernel it would be traced again as an input: an N-D read of a split dim would then be a dynamic
+    slice, which GSPMD gathers whole first; a static one moves only the view's part between chips)."""
     jax = platform.jax()
     inner = getattr(fn, "__wrapped__", fn)
-    fixed = _offset_fns[(fn, offset)] = jax.jit(lambda *args: inner(*args, offset))
-    return fixed
+    return jax.jit(lambda *args: inner(*args, offset))
 
 
 @cache
@@ -340,7 +347,7 @@ def write(t: torch.Tensor, value) -> None:
         if nd is not None:
             put, offset = nd
             if type(value) is not LazyValue and not lazy._enabled and _split(p.array):
-                put, offset = _baked_write(put, offset), ()
+                put, offset = fixed_offset(put, offset), _FIXED
         elif t.is_contiguous():
             put = _write_contiguous(p.shape, shape)
         else:
@@ -353,11 +360,12 @@ def write(t: torch.Tensor, value) -> None:
                 put, offset = _write_grid(p.shape, shape, stride), starts
     else:
         put = _write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype)
+    tail = (value,) if offset is _FIXED else (value, offset)
     if type(value) is not LazyValue and can_update_in_place(p):
         with DONATION_LOCK:
             if can_update_in_place(p):  # still (another thread may have appeared)
                 old = p.array
-                result = run_donating(put, 0, old, value, offset)
+                result = run_donating(put, 0, old, *tail)
                 REGISTRY.set_array(ptr, keep_placement(old, result) if MULTI_CHIP[0] else result)
                 return
     shape = p.shape if t.dtype == p.dtype else None
@@ -365,34 +373,19 @@ def write(t: torch.Tensor, value) -> None:
     # threads writing different elements of one tensor must not lose either write
     with update_lock():
         base = p.array if p.array is not None else _zeros(p.shape, p.dtype)
-        result = _call(put, base, value, offset, shape=shape)
+        result = _call(put, base, *tail, shape=shape)
         if MULTI_CHIP[0] and type(result) is not LazyValue:
             result = keep_placement(base, result)
         REGISTRY.set_array(ptr, result)
+
+
+_FIXED = object()  # in place of an offset: the writer has its offset fixed (`fixed_offset`)
 
 
 def _split(array) -> bool:
     """Whether payload `array` is split over chips: its views then read and write at static starts (a
     slice at traced starts along a split dim makes GSPMD gather the whole buffer to every chip first)."""
     return type(array) is not LazyValue and array is not None and is_sharded(array)
-
-
-@functools.lru_cache(maxsize=4096)
-def baked(fn, starts: tuple):
-    """Jitted view kernel `fn(base, starts)` with `starts` fixed (a program per distinct view position)."""
-    jax = platform.jax()
-    inner = (
-        fn.__wrapped__
-    )  # traced inside this jit with `starts` as Python ints (a jitted fn would trace them)
-    return jax.jit(lambda base: inner(base, starts))
-
-
-@functools.lru_cache(maxsize=4096)
-def _baked_write(fn, starts: tuple):
-    """Jitted writer `fn(base, value, starts)` with `starts` fixed; called as (base, value, ())."""
-    jax = platform.jax()
-    inner = fn.__wrapped__
-    return jax.jit(lambda base, value, _: inner(base, value, starts))
 
 
 def _nd_starts(base_shape: tuple, shape: tuple, stride: tuple, offset: int) -> tuple | None:
