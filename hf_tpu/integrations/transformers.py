@@ -303,6 +303,7 @@ def _deferred_stop_check_for_tpu(original: type) -> type:
 
         def __init__(self, input_ids, *args, **kwargs) -> None:
             super().__init__(input_ids, *args, **kwargs)
+            self.cache = _croppable_part(self.cache)
             if input_ids.device.type == "tpu":
                 from hf_tpu.runtime.buffers.host_copies import mark_async_target
 
@@ -314,6 +315,17 @@ def _deferred_stop_check_for_tpu(original: type) -> type:
     DeferredStopCheck.__qualname__ = original.__qualname__
     DeferredStopCheck.__module__ = original.__module__
     return DeferredStopCheck
+
+
+def _croppable_part(cache):
+    """The cache the deferred stop check rolls back. An encoder-decoder cache over static caches says it is
+    croppable (its self-attention StaticCache is) but its own `crop` accepts only dynamic caches; what it
+    would crop is the self-attention cache alone (the cross-attention one never grows), so crop that."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    if isinstance(cache, EncoderDecoderCache) and not isinstance(cache.self_attention_cache, DynamicCache):
+        return cache.self_attention_cache
+    return cache
 
 
 def _wrap_generate(cls) -> None:
