@@ -119,16 +119,41 @@ def test_while_loop_carrying_a_python_number_runs_op_by_op_and_matches_cpu():
     torch.testing.assert_close(got[1].cpu(), want[1])
 
 
-def test_random_op_in_a_while_loop_body_runs_op_by_op_with_a_warning():
-    """One key per draw would repeat the same numbers every iteration: the graph runs op by op."""
+def _loops_drawing_random_rows():
+    """Three loops whose body draws a row of uniform numbers: a while_loop writing row i, a map and a scan."""
 
-    def f(i, x):
-        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x + torch.rand_like(x)), (i, x))
+    def with_while(i, x):
+        def body(i, x):
+            return i + 1, x.index_put((i,), torch.rand_like(x[0]))
 
-    with pytest.warns(UserWarning, match=r"rand_like.*loop body"):
-        i, x = torch.compile(f, backend="tpu")(torch.tensor(0, device="tpu"), torch.zeros(200, device="tpu"))
-    assert i.item() == 3
-    assert 1.2 < x.mean().item() < 1.8
+        return while_loop(lambda i, x: i < x.shape[0], body, (i, x))[1]
+
+    def with_map(x):
+        return control_flow_map(lambda row: torch.rand_like(row), x)
+
+    def with_scan(x):
+        return scan(lambda c, row: (c + 1, torch.rand_like(row)), torch.zeros(()), x)[1]
+
+    return {"while_loop": with_while, "map": with_map, "scan": with_scan}
+
+
+@pytest.mark.parametrize("loop", ["while_loop", "map", "scan"])
+def test_random_op_in_a_loop_body_compiles_whole_with_new_numbers_every_iteration(loop):
+    """The body is traced once and runs per iteration: its draws fold in the iteration number, so the
+    graph stays one program and no two iterations repeat their numbers."""
+    f = _loops_drawing_random_rows()[loop]
+    x = torch.zeros(6, 400, device="tpu")
+    args = (torch.tensor(0, device="tpu"), x) if loop == "while_loop" else (x,)
+    torch.tpu.manual_seed(0)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        rows = torch.compile(f, backend="tpu", fullgraph=True)(*args).cpu()
+    _assert_compiled_whole(record)
+    assert rows.shape == (6, 400)
+    assert 0.0 <= rows.min().item() and rows.max().item() < 1.0
+    assert abs(rows.mean().item() - 0.5) < 0.05
+    distinct = {tuple(r[:8].tolist()) for r in rows}
+    assert len(distinct) == 6, "two iterations drew the same numbers"
 
 
 def test_map_forward_and_backward_match_cpu():

@@ -157,7 +157,7 @@ class GraphProgram:
 
     def _find_missing(self, gm: torch.fx.GraphModule | None = None, repeated: bool = False) -> list[str]:
         """The ops of `gm` (and of its control flow's subgraphs) without a graph lowering; `repeated`
-        for a loop body, where a random op would draw the same numbers on every iteration."""
+        for a loop body (its random ops fold in the iteration number, `_evaluate`)."""
         missing = []
         for node in (gm or self.gm).graph.nodes:
             if node.op != "call_function":
@@ -189,8 +189,9 @@ class GraphProgram:
             lowering = graph_lowering(target)
             if lowering is None:
                 missing.append(str(target))
-            elif repeated and lowering.random and not (target is node.target and _draws_nothing(node)):
-                missing.append(f"{target} (random, in a loop body)")
+            elif repeated and lowering.random and target is not node.target:
+                # a checkpointed draw's saved RNG state names no iteration: its replay could not match
+                missing.append(f"{target} (random, checkpointed in a loop body)")
         return missing
 
     def interpret(self, keys, *arrays):
@@ -198,9 +199,10 @@ class GraphProgram:
         draws = iter(range(self.n_random))  # the draw index of each random op, in graph order
         return self._evaluate(self.gm, list(arrays), keys, draws)
 
-    def _evaluate(self, gm: torch.fx.GraphModule, arrays: list, keys, draws):
+    def _evaluate(self, gm: torch.fx.GraphModule, arrays: list, keys, draws, iterations: tuple = ()):
         """`gm` (this program's graph, or a subgraph of its control flow) on JAX values: the values the
-        jitted program returns for the top graph, the outputs as a list (or one value) for a subgraph."""
+        jitted program returns for the top graph, the outputs as a list (or one value) for a subgraph.
+        `iterations`: the iteration numbers of the loop bodies `gm` runs in, folded into random keys."""
         env = {}
         args = iter(arrays)
 
@@ -211,8 +213,15 @@ class GraphProgram:
                 return [fetch(x) for x in a]
             return a
 
-        def run(subgraph, values):
-            return self._evaluate(subgraph, list(values), keys, draws)
+        def run(subgraph, values, iteration=None):
+            inner = iterations if iteration is None else (*iterations, iteration)
+            return self._evaluate(subgraph, list(values), keys, draws, inner)
+
+        def key_of(i: int):
+            key = rng.key_from(keys, i)
+            for n in iterations:  # a loop body: a new key every iteration
+                key = platform.jax().random.fold_in(key, n)
+            return key
 
         for node in gm.graph.nodes:
             if node.op == "placeholder":
@@ -223,7 +232,7 @@ class GraphProgram:
                 kwargs = {k: fetch(v) for k, v in node.kwargs.items()}
                 if target is SAVE_RNG:  # (state, op(*args)): the state replays this draw's key
                     i = next(draws)
-                    out = self._lower(node_args[0], node_args[1:], kwargs, rng.key_from(keys, i), node)
+                    out = self._lower(node_args[0], node_args[1:], kwargs, key_of(i), node)
                     env[node] = (state_of_draw(keys, i), out)
                 elif target is WITH_RNG:  # op(*args) with the key of a saved state
                     key = key_of_state(node_args[0])
@@ -245,7 +254,7 @@ class GraphProgram:
                 elif not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*node_args, **kwargs)
                 else:
-                    key = rng.key_from(keys, next(draws)) if _draws_key(node) else None
+                    key = key_of(next(draws)) if _draws_key(node) else None
                     env[node] = self._lower(target, node_args, kwargs, key, node)
             elif node.op == "output":
                 if gm is not self.gm:

@@ -10,6 +10,10 @@ lowering: the graph runs op by op instead, naming it (`missing`).
 Operands reach the branches and bodies as closures (JAX lifts the arrays among them), so Python values
 among them (sizes of a graph Dynamo made dynamic) stay concrete numbers for the lowerings; only a
 loop's carried values travel through `lax.while_loop`.
+
+A loop body is traced once but runs once per iteration: `run(gm, values, iteration)` hands the body its
+iteration number (a counter carried next to the loop's values), and random ops there fold it into their
+key, so every iteration draws new numbers and the graph stays one program.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ HOP = torch.ops.higher_order
 COND, WHILE_LOOP, MAP, SCAN = HOP.cond, HOP.while_loop, HOP.map_impl, HOP.scan
 INVOKE_SUBGRAPH = HOP.invoke_subgraph
 CONTROL_FLOW = (COND, WHILE_LOOP, MAP, SCAN, INVOKE_SUBGRAPH)
-# bodies run many times with one key per draw would repeat the same random numbers every iteration
+# bodies that run once per iteration: their random ops fold the iteration number into their keys
 _REPEATED_BODIES = (WHILE_LOOP, MAP, SCAN)
 
 
@@ -55,13 +59,14 @@ def is_higher_order(target) -> bool:
 
 
 def repeats_body(target) -> bool:
-    """Whether `target` runs its subgraph once per iteration (a random op there needs a key per iteration)."""
+    """Whether `target` runs its subgraph once per iteration (its random ops fold in the iteration)."""
     return target in _REPEATED_BODIES
 
 
 def lower(target, run, args: list):
-    """The value of control-flow node `target(*args)`; `run(gm, values)` interprets a subgraph on JAX
-    values and returns its outputs as a list (a single value for a graph returning one)."""
+    """The value of control-flow node `target(*args)`; `run(gm, values, iteration=None)` interprets a
+    subgraph on JAX values and returns its outputs as a list (a single value for a graph returning one);
+    loop bodies get their iteration number as `iteration`."""
     if target is COND:
         return _cond(run, *args)
     if target is WHILE_LOOP:
@@ -102,26 +107,32 @@ def _while_loop(run, cond_gm, body_gm, carried, additional):
         raise NotImplementedError("while_loop with Python numbers among its carried values")
     dtypes = [c.dtype for c in carried]
 
-    def cond_fn(xs):
+    def cond_fn(state):
+        _, xs = state
         (pred,) = _as_list(run(cond_gm, [*xs, *additional]))
         return jnp.asarray(pred).reshape(()).astype(bool)
 
-    def body_fn(xs):
-        out = _as_list(run(body_gm, [*xs, *additional]))
+    def body_fn(state):
+        i, xs = state
+        out = _as_list(run(body_gm, [*xs, *additional], i))
         # the carry keeps its type from one iteration to the next, as in eager
-        return tuple(jnp.asarray(o).astype(d) for o, d in zip(out, dtypes))
+        return i + 1, tuple(jnp.asarray(o).astype(d) for o, d in zip(out, dtypes))
 
-    return tuple(jax.lax.while_loop(cond_fn, body_fn, tuple(carried)))
+    _, out = jax.lax.while_loop(cond_fn, body_fn, (jnp.uint32(0), tuple(carried)))
+    return tuple(out)
 
 
 def _map(run, body_gm, xs, pos_args):
     jax = platform.jax()
+    jnp = jax.numpy
     pos_args = list(pos_args)
+    xs = tuple(xs)
 
-    def body(slices):  # one row of every xs; the positional args ride along unchanged
-        return tuple(_as_list(run(body_gm, [*slices, *pos_args])))
+    def body(row):  # one row of every xs and its index; the positional args ride along unchanged
+        i, slices = row
+        return tuple(_as_list(run(body_gm, [*slices, *pos_args], i)))
 
-    return tuple(jax.lax.map(body, tuple(xs)))
+    return tuple(jax.lax.map(body, (jnp.arange(xs[0].shape[0], dtype=jnp.uint32), xs)))
 
 
 def _scan(run, combine_gm, init, xs, additional):
@@ -132,10 +143,11 @@ def _scan(run, combine_gm, init, xs, additional):
     init, additional = list(init), list(additional)
     dtypes = [c.dtype for c in init]
 
-    def step(carry, rows):
-        out = _as_list(run(combine_gm, [*carry, *rows, *additional]))
+    def step(state, rows):
+        i, carry = state
+        out = _as_list(run(combine_gm, [*carry, *rows, *additional], i))
         new = tuple(jnp.asarray(o).astype(d) for o, d in zip(out, dtypes))
-        return new, tuple(out[len(init) :])
+        return (i + 1, new), tuple(out[len(init) :])
 
-    carry, ys = jax.lax.scan(step, tuple(init), tuple(xs))
+    (_, carry), ys = jax.lax.scan(step, (jnp.uint32(0), tuple(init)), tuple(xs))
     return (*carry, *ys)
