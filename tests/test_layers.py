@@ -1,7 +1,7 @@
 """The package layout is the architecture: imports point down the layers, and nothing imports in a cycle.
 
 hf_tpu/runtime's sub-packages, bottom to top: buffers (placement) < launch < tensors < lowerings and
-arg_checks < execution < compile < device; above the runtime, hf_tpu.integrations, then the harness
+arg_checks < execution < compile and distributed < device; above the runtime, hf_tpu.integrations, then the harness
 (compat), which knows nothing of JAX. Function-level imports count as much as module-level ones.
 """
 
@@ -19,6 +19,7 @@ RUNTIME_LAYERS = {
     "arg_checks": 4,
     "execution": 5,
     "compile": 6,
+    "distributed": 6,
     "device": 7,
 }
 

@@ -15,6 +15,10 @@ import torch
 
 VALID_PLATFORMS = ("tpu", "gpu", "cuda", "rocm", "cpu")
 _lock = threading.Lock()
+# callbacks run once JAX is imported and before its backends start (tpu_dist joins `jax.distributed` there)
+BEFORE_BACKEND_INIT: list = []
+# set by tpu_dist: whether a non-zero device index names this process's device in a multi-process job
+LOCAL_INDEX_OK: list = [None]
 
 
 class PlatformError(RuntimeError):
@@ -46,6 +50,8 @@ def jax():
         from hf_tpu.runtime.buffers import executables
 
         executables.install(_jax)
+        for hook in BEFORE_BACKEND_INIT:
+            hook(_jax)
         return _jax
 
 
@@ -156,11 +162,12 @@ def prune_cache(path: str, limit_bytes: int) -> int:
 
 @cache
 def devices() -> tuple:
-    """The local chips behind `tpu:0` (one logical device spanning all of them)."""
+    """The local chips behind `tpu:0` (one logical device spanning all of them); in a multi-process job
+    (tpu_dist) this process's chips only."""
     j = jax()
     forced = requested_platform()
     try:
-        devs = j.devices(forced) if forced else j.devices()
+        devs = j.local_devices(backend=forced) if forced else j.local_devices()
     except RuntimeError as exc:
         raise PlatformError(
             f"HF_TPU_PLATFORM={forced!r}: JAX has no such backend on this machine ({exc}). "
@@ -168,7 +175,7 @@ def devices() -> tuple:
         ) from exc
     if devs and devs[0].platform == "cpu":
         tune_host_allocator()
-    if forced and devs and devs[0] != j.devices()[0]:
+    if forced and devs and devs[0] != j.local_devices()[0]:
         # unsharded arrays are uncommitted: they go to JAX's default device, which must be ours
         j.config.update("jax_default_device", devs[0])
     MULTI_CHIP[0] = len(devs) > 1
@@ -222,10 +229,13 @@ def check_index(device) -> int:
         index = device.index or 0
     else:
         index = int(device)
+    if index != 0 and LOCAL_INDEX_OK[0] is not None and LOCAL_INDEX_OK[0](index):
+        return 0  # multi-process job: `tpu:local_rank` names this process's device, which is tpu:0
     if index != 0:
         raise ValueError(
             f"tpu:{index} does not exist: hf_tpu exposes all {len(devices())} local chip(s) as one logical device "
-            "tpu:0 (weights are sharded across chips by placement, not by device index). Use 'tpu' or 'tpu:0'."
+            "tpu:0 (weights are sharded across chips by placement, not by device index). Use 'tpu' or 'tpu:0' "
+            "(in a multi-process tpu_dist job, WORLD_SIZE > 1, tpu:local_rank also names this process's device)."
         )
     return index
 

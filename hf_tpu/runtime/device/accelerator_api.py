@@ -41,10 +41,51 @@ def _route(name: str, original):
     return routed
 
 
+def _device_count(original):
+    """In a multi-process tpu_dist job `tpu:local_rank` names this process's device (see
+    `distributed.registration.local_device_names`): count those indices, as CUDA counts a host's GPUs."""
+
+    @functools.wraps(original)
+    def device_count(*args, **kwargs):
+        if _is_tpu_current():
+            from hf_tpu.runtime.buffers import platform
+            from hf_tpu.runtime.distributed import registration
+
+            aliases = max(registration.local_device_names(), _world_size_being_initialized())
+            if aliases:  # counting chips would start JAX, which must wait for the job's coordinator
+                return max(aliases, len(platform.devices()) if platform.is_initialized() else 1)
+        return original(*args, **kwargs)
+
+    device_count.__hf_tpu_routed__ = True
+    return device_count
+
+
+def _world_size_being_initialized() -> int:
+    """The `world_size` argument of an `init_process_group` that is asking right now (else 0).
+
+    Under `mp.spawn` nothing in the env says how many processes there are before the group exists, yet
+    torch checks `device_id=tpu:rank` against this count; for tpu_dist that index names the process's
+    own device, so the job's size is the right bound.
+    """
+    import sys
+
+    try:
+        frame = sys._getframe(2)  # init_process_group -> device_count wrapper -> here
+    except ValueError:  # called from the top of the stack
+        return 0
+    if frame.f_code.co_name != "init_process_group" or "distributed_c10d" not in frame.f_code.co_filename:
+        return 0
+    size = frame.f_locals.get("world_size", -1)
+    return size if isinstance(size, int) and size > 0 else 0
+
+
 def install() -> None:
     global _installed
     if _installed:
         return
+    original = torch.accelerator.device_count
+    if not getattr(original, "__hf_tpu_routed__", False):
+        torch.accelerator.device_count = _device_count(original)
     for name in _ROUTED:
         for module in (torch.accelerator, getattr(torch.accelerator, "memory", None)):
             original = getattr(module, name, None) if module is not None else None

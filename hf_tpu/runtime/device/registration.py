@@ -88,6 +88,9 @@ def register() -> None:
         pinned.install()
         record_stream.install()
         module_conversion.install()
+        from hf_tpu.runtime.distributed import registration as distributed
+
+        distributed.register()  # the tpu_dist c10d backend (no JAX until a group is made)
         _registered = True
     from hf_tpu.runtime.device import upstream_caches
 

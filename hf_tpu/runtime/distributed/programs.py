@@ -1,0 +1,202 @@
+"""The JAX programs behind tpu_dist: one `jit(shard_map(...))` per collective over a group's global mesh.
+
+A group of ranks is a 1-D mesh (axis "ranks") of one chip per process, in group-rank order; each process
+contributes its value as its block of a global array (`jax.make_array_from_single_device_arrays`, no host
+copy) and gets its block of the result back. The collectives inside are JAX's (`psum`, `all_gather`,
+`all_to_all`, `ppermute`): gloo between processes on JAX's CPU platform, ICI/DCN on TPU. Programs are
+cached per (collective, group, shapes, dtype, op).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from functools import cache
+
+import numpy as np
+
+from hf_tpu.runtime.buffers import platform
+
+AXIS = "ranks"
+
+
+@cache
+def process_chip(rank: int):
+    """The chip that stands for global rank `rank` in collectives (its process's first chip)."""
+    jax = platform.jax()
+    return min((d for d in jax.devices() if d.process_index == rank), key=lambda d: d.id)
+
+
+@cache
+def group_mesh(ranks: tuple):
+    """A 1-D mesh of the chips of `ranks`, in that order (a direction of a pair is its own mesh)."""
+    from jax.sharding import AxisType, Mesh
+
+    chips = np.array([process_chip(r) for r in ranks], dtype=object)
+    return Mesh(chips, (AXIS,), axis_types=(AxisType.Auto,))
+
+
+def _block_sharding(ranks: tuple):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(group_mesh(ranks), PartitionSpec(AXIS))
+
+
+@cache
+def _jitted(ranks: tuple, body: Callable, n_inputs: int):
+    jax = platform.jax()
+    from jax.sharding import PartitionSpec
+
+    spec = PartitionSpec(AXIS)
+    mapped = jax.shard_map(body, mesh=group_mesh(ranks), in_specs=(spec,) * n_inputs, out_specs=spec)
+    return jax.jit(mapped)
+
+
+def run(ranks: tuple, body: Callable, *local_arrays):
+    """Run `body` (per-rank blocks of shape (1, *local shape) in, one block out) over the group's mesh;
+    returns this process's block of the result without its leading 1. Dispatch is asynchronous."""
+    jax = platform.jax()
+    me = jax.process_index()
+    chip = process_chip(me)
+    sharding = _block_sharding(ranks)
+    global_inputs = []
+    for a in local_arrays:
+        a = jax.device_put(a, chip)
+        block = a.reshape((1,) + tuple(a.shape))
+        global_inputs.append(
+            jax.make_array_from_single_device_arrays((len(ranks),) + tuple(a.shape), sharding, [block])
+        )
+    out = _jitted(ranks, body, len(local_arrays))(*global_inputs)
+    local = out.addressable_shards[0].data
+    return local.reshape(tuple(local.shape[1:]))
+
+
+# -- bodies: pure functions of the per-rank block, cached so equal collectives share one program ------
+@cache
+def all_reduce_body(op: str, kind: str, group_size: int, factor: float | None = None) -> Callable:
+    """x -> the reduction of every rank's x (`op` one of sum/avg/max/min/product/premul_sum/band/bor/bxor;
+    `kind` "bool", "int", "float" or "complex", validated by the caller)."""
+    lax = platform.jax().lax
+    jnp = platform.jax().numpy
+
+    def gathered(x):
+        return lax.all_gather(x, AXIS, axis=0, tiled=True)
+
+    def body(x):
+        if kind == "bool":
+            xi = x.astype(jnp.int32)
+            if op in ("sum", "max", "bor"):
+                y = lax.pmax(xi, AXIS)
+            elif op in ("min", "product", "band"):
+                y = lax.pmin(xi, AXIS)
+            else:  # bxor
+                y = lax.psum(xi, AXIS) % 2
+            return y != 0
+        if op == "sum":
+            return lax.psum(x, AXIS)
+        if op == "avg":
+            return (lax.psum(x, AXIS) / group_size).astype(x.dtype)
+        if op == "premul_sum":
+            return lax.psum(x * jnp.asarray(factor, x.dtype), AXIS)
+        if op == "max":
+            return lax.pmax(x, AXIS)
+        if op == "min":
+            return lax.pmin(x, AXIS)
+        g = gathered(x)
+        if op == "product":
+            return jnp.prod(g, axis=0, keepdims=True).astype(x.dtype)
+        fn = {"band": jnp.bitwise_and, "bor": jnp.bitwise_or, "bxor": jnp.bitwise_xor}[op]
+        return functools.reduce(fn, [g[i : i + 1] for i in range(group_size)])
+
+    return body
+
+
+@cache
+def reduce_scatter_body(op: str, kind: str, group_size: int, factor: float | None = None) -> Callable:
+    """x of shape (1, G*n, ...) -> this rank's n rows of the reduction."""
+    lax = platform.jax().lax
+    reduce = all_reduce_body(op, kind, group_size, factor)
+
+    def body(x):
+        if op == "sum" and kind in ("int", "float", "complex"):
+            return lax.psum_scatter(x, AXIS, scatter_dimension=1, tiled=True)
+        y = reduce(x)
+        n = x.shape[1] // group_size
+        return lax.dynamic_slice_in_dim(y, lax.axis_index(AXIS) * n, n, axis=1)
+
+    return body
+
+
+@cache
+def all_gather_body() -> Callable:
+    """x of shape (1, ...) -> every rank's x stacked: (1, G, ...)."""
+    lax = platform.jax().lax
+    jnp = platform.jax().numpy
+
+    def body(x):
+        if x.dtype == jnp.bool_:
+            return lax.all_gather(x.astype(jnp.uint8), AXIS, axis=1).astype(jnp.bool_)
+        return lax.all_gather(x, AXIS, axis=1)
+
+    return body
+
+
+@cache
+def pick_body(src: int) -> Callable:
+    """x of shape (1, ...) -> group rank `src`'s x (broadcast)."""
+    gather = all_gather_body()
+
+    def body(x):
+        return gather(x)[:, src]
+
+    return body
+
+
+@cache
+def all_to_all_body() -> Callable:
+    """x of shape (1, G, ...) -> (1, G, ...) whose row j is rank j's row for this rank."""
+    lax = platform.jax().lax
+    jnp = platform.jax().numpy
+
+    def body(x):
+        y = x[0]
+        if y.dtype == jnp.bool_:
+            return lax.all_to_all(y.astype(jnp.uint8), AXIS, 0, 0, tiled=True).astype(jnp.bool_)[None]
+        return lax.all_to_all(y, AXIS, 0, 0, tiled=True)[None]
+
+    return body
+
+
+@cache
+def scatter_body(src: int) -> Callable:
+    """x of shape (1, G, ...) (meaningful on `src` only) -> (1, ...): row `src` sent to this rank."""
+    exchange = all_to_all_body()
+
+    def body(x):
+        return exchange(x)[:, src]
+
+    return body
+
+
+@cache
+def send_body() -> Callable:
+    """On a (sender, receiver) mesh: the sender's block moves to the receiver."""
+    lax = platform.jax().lax
+    jnp = platform.jax().numpy
+
+    def body(x):
+        if x.dtype == jnp.bool_:
+            return lax.ppermute(x.astype(jnp.uint8), AXIS, [(0, 1)]).astype(jnp.bool_)
+        return lax.ppermute(x, AXIS, [(0, 1)])
+
+    return body
+
+
+@cache
+def max_body() -> Callable:
+    lax = platform.jax().lax
+
+    def body(x):
+        return lax.pmax(x, AXIS)
+
+    return body
