@@ -36,6 +36,15 @@ def shard_module(module, policy: str | None = None, plan: dict | None = None):
     return _shard_module(module, policy, plan)
 
 
+def parallelize_pipeline(pipe, **kwargs):
+    """Spread one diffusers generation over the mesh: weights by the sharding policy, `data="data"` splits the
+    batch, `context="context"` the denoiser's sequence by its `_cp_plan` (see
+    `hf_tpu.integrations.diffusers_parallel.parallelize_pipeline`); returns `pipe`."""
+    from hf_tpu.integrations.diffusers_parallel import parallelize_pipeline as _parallelize_pipeline
+
+    return _parallelize_pipeline(pipe, **kwargs)
+
+
 def compiled_programs() -> list:
     """The live graphs `torch.compile(backend="tpu")` compiled, oldest first; each has `.name` and
     `.compiled_text()` (the optimized HLO of its first call: shapes, placements, collectives)."""
@@ -63,6 +72,7 @@ __all__ = [
     "register",
     "compile",
     "compile_pipeline",
+    "parallelize_pipeline",
     "mesh",
     "set_mesh",
     "use_mesh",

@@ -3,12 +3,13 @@
 
 Nothing here imports those libraries. `install()` (called by `import hf_tpu`, hence at `import torch`)
 only puts a small finder on `sys.meta_path`; each patch runs when its target module finishes executing,
-or at once if that module is already imported. So import order never matters, and `import torch` does
-not pay for `import transformers`.
+or at once if that module is already imported, or, for a module that was still executing when hf_tpu got
+imported (it imported torch, whose autoload imports hf_tpu), at the first import after it finished. So
+import order never matters, and `import torch` does not pay for `import transformers`.
 
 Which module gets which patch is the `HOOKS` table below; the patches live in `accelerate.py`,
-`transformers.py`, `transformers_sharding.py`, `diffusers.py`, `safetensors_torch.py`, `torch_dynamo.py` and `torch_flex_attention.py`
-next to this file.
+`transformers.py`, `transformers_sharding.py`, `diffusers.py`, `diffusers_sharding.py`, `diffusers_parallel.py`,
+`safetensors_torch.py`, `torch_dynamo.py` and `torch_flex_attention.py` next to this file.
 """
 
 from __future__ import annotations
@@ -42,9 +43,17 @@ HOOKS: dict[str, tuple[str, ...]] = {
     "transformers.generation.continuous_batching.cache": ("transformers:patch_continuous_batching_cache",),
     "transformers.testing_utils": ("transformers:patch_testing_utils",),
     "diffusers.pipelines.pipeline_loading_utils": ("diffusers:patch_pipeline_loading_utils",),
-    "diffusers.models.model_loading_utils": ("diffusers:patch_model_loading_utils",),
+    "diffusers.models.model_loading_utils": (
+        "diffusers:patch_model_loading_utils",
+        "diffusers_sharding:patch_model_loading_utils",
+    ),
     "diffusers.pipelines.pipeline_utils": ("diffusers:patch_pipeline_utils",),
-    "diffusers.models.modeling_utils": ("diffusers:rebind_determine_device_map",),
+    "diffusers.models.modeling_utils": (
+        "diffusers:rebind_determine_device_map",
+        "diffusers_sharding:patch_modeling_utils",
+        "diffusers_parallel:patch_modeling_utils",
+    ),
+    "diffusers.models.attention_dispatch": ("diffusers_parallel:patch_attention_dispatch",),
     "diffusers.loaders.single_file_model": ("diffusers:rebind_determine_device_map",),
     "safetensors": ("safetensors_torch:patch_safe_open",),
     "safetensors.torch": ("safetensors_torch:patch_safetensors_torch",),
@@ -61,6 +70,26 @@ HOOKS: dict[str, tuple[str, ...]] = {
 _lock = threading.RLock()
 _installed = False
 _resolving = threading.local()
+# hooked modules that were still executing when `install()` ran (they imported torch, whose autoload
+# imported hf_tpu): patched once they have finished, at the next import or `apply_pending()`
+_pending: dict[str, ModuleType] = {}
+
+
+def _initializing(module: ModuleType) -> bool:
+    """Whether `module` is still executing its body (importlib marks its spec until the body returns)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def apply_pending() -> None:
+    """Patch the hooked modules that were mid-import at `install()` and have finished since."""
+    if not _pending:
+        return
+    with _lock:
+        for name, module in list(_pending.items()):
+            if not _initializing(module):
+                del _pending[name]
+                if sys.modules.get(name) is module:
+                    apply_patches(module)
 
 
 def _patch_function(ref: str) -> Callable[[ModuleType], None]:
@@ -107,6 +136,8 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
     """Finds nothing itself: asks the finders after it, and wraps the loader of hooked modules."""
 
     def find_spec(self, fullname: str, path=None, target=None):
+        if _pending:
+            apply_pending()
         if fullname not in HOOKS:
             return None
         busy = _resolving.__dict__.setdefault("names", set())
@@ -138,8 +169,12 @@ def install() -> None:
             _installed = True
         for name in HOOKS:
             module = sys.modules.get(name)
-            if module is not None:
+            if module is None:
+                continue
+            if _initializing(module):
+                _pending[name] = module  # patching half a module fails (or patches half of it)
+            else:
                 apply_patches(module)
 
 
-__all__ = ["HOOKS", "apply_patches", "install"]
+__all__ = ["HOOKS", "apply_patches", "apply_pending", "install"]

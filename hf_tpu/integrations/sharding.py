@@ -1,6 +1,7 @@
 """Which weight is split how over the chips: the sharding policies (`tp`, `fsdp`, `replicate`).
 
-- `tp`: transformers' tensor-parallel plan (`base_model_tp_plan`, a model's `_tp_plan`) read as
+- `tp`: transformers' tensor-parallel plan (`base_model_tp_plan`, a model's `_tp_plan`), or a diffusers
+  model's `_tp_plan` (its `PackedColwiseParallel`/`PackedRowwiseParallel` objects read as the packed styles), read as
   PartitionSpecs over the mesh's "model" axis: `colwise` splits a linear layer's output features
   (weight dim 0, bias), `rowwise` its input features (weight's last dim; bias replicated), embeddings
   by vocabulary (`embedding_rowwise`) or hidden size (`embedding_colwise`), packed gate/up projections and
@@ -105,12 +106,30 @@ def _plan_regex(plan: dict[str, str]) -> list[tuple[re.Pattern, str]]:
     return sorted(compiled, key=lambda kv: -len(kv[0].pattern))
 
 
+# diffusers' `_tp_plan` holds style objects next to strings (PackedRowwiseParallel() for Flux's fused proj_out)
+_STYLE_CLASSES = {
+    "ColwiseParallel": "colwise",
+    "RowwiseParallel": "rowwise",
+    "PackedColwiseParallel": "packed_colwise",
+    "PackedRowwiseParallel": "packed_rowwise",
+}
+
+
+def style_name(style) -> str:
+    """A plan entry as a style string: transformers' strings as they are, diffusers'/torch's style objects
+    by their class (`PackedRowwiseParallel()` -> "packed_rowwise"); unknown objects replicate."""
+    if isinstance(style, str):
+        return style
+    return _STYLE_CLASSES.get(type(style).__name__, "replicate")
+
+
 def model_tp_plan(model) -> dict[str, str]:
-    """The model's full tensor-parallel plan (keys relative to the model), or {} when it has none."""
+    """The model's full tensor-parallel plan (keys relative to the model), or {} when it has none: transformers'
+    `base_model_tp_plan` and `_tp_plan`, or a diffusers model's `_tp_plan` (same glob keys)."""
     plan = getattr(model, "tp_plan", None)
     if isinstance(plan, dict) and plan:
-        return dict(plan)
-    plan = dict(getattr(type(model), "_tp_plan", None) or {})
+        return {key: style_name(style) for key, style in plan.items()}
+    plan = {key: style_name(style) for key, style in (getattr(type(model), "_tp_plan", None) or {}).items()}
     config = getattr(model, "config", None)
     base = getattr(config, "base_model_tp_plan", None) or {}
     prefix = getattr(model, "base_model_prefix", "")
@@ -129,7 +148,7 @@ class Placement:
         self.mesh = placement.mesh()
         if plan is None and model is not None:
             plan = model_tp_plan(model)
-        self.plan = plan or {}
+        self.plan = {key: style_name(style) for key, style in (plan or {}).items()}
         self.policy = _check(policy) if policy else ("tp" if self.plan else "fsdp")
         self._patterns = _plan_regex(self.plan)
         self.axis = _axis(self.mesh)

@@ -76,3 +76,33 @@ def test_patches_survive_reload():
     importlib.reload(modeling)
     assert modeling.get_max_memory.__module__ == "hf_tpu.integrations.accelerate"
     assert list(modeling.get_max_memory())[0] == 0
+
+
+# a transformers module imported first imports torch from its own body: torch's autoload then imports
+# hf_tpu while that module is half-executed; its patches must wait until it has finished
+HALF_IMPORTED = {
+    "modeling_utils": (
+        "import transformers.modeling_utils as target",
+        "assert target.PreTrainedModel.from_pretrained.__func__.__hf_tpu__",
+    ),
+    "testing_utils": (
+        "import transformers.testing_utils as target",
+        "assert target.BACKEND_DEVICE_COUNT['tpu']() == 1",
+    ),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(HALF_IMPORTED))
+def test_a_module_that_imports_torch_first_is_patched_once_it_has_finished(entry):
+    first, check = HALF_IMPORTED[entry]
+    code = f"""
+    import warnings
+    warnings.simplefilter("always")
+    {first}
+    from transformers import LlamaConfig  # the user's next import
+    {check}
+    print("OK")
+    """
+    result = _run(code, TRANSFORMERS_TEST_DEVICE="tpu")
+    assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+    assert "could not patch" not in result.stderr, result.stderr[-3000:]
