@@ -1,4 +1,4 @@
-"""`python -m compat {snapshot,sample,run,report,nightly}`: the harness's command line.
+"""`python -m compat {snapshot,sample,run,merge,report,gate,publish,nightly}`: the harness's command line.
 
 Each subcommand is a thin layer over one module (universe, sample, runner, report); `run` and `nightly`
 import the runner lazily so the data commands work without torch-heavy imports.
@@ -107,6 +107,13 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     return int(m.group(1)), int(m.group(2))
 
 
+def parse_date(text: str) -> str:
+    """YYYY-MM-DD: the night a run belongs to (shards of one night must agree on it)."""
+    if not DATE_DIR.match(text or ""):
+        raise argparse.ArgumentTypeError(f"--date {text!r}: expected YYYY-MM-DD")
+    return text
+
+
 def entries_for_ids(
     ids: list[str],
     sample_entries: list[dict] | None,
@@ -189,6 +196,55 @@ def _entries(args: argparse.Namespace) -> list[dict] | None:
     return sample_entries
 
 
+def _sample_label(args: argparse.Namespace) -> str:
+    if args.models:
+        return "models:" + ",".join(i.strip() for i in args.models.split(",") if i.strip())
+    return str(args.sample)
+
+
+def _write_manifest(
+    args: argparse.Namespace, out_dir: Path, entries: list[dict], modes: list[str]
+) -> dict | None:
+    """run.json for this run; a resumed run keeps its night and must be the same sample and shard."""
+    from compat import manifest
+
+    existing = manifest.read(out_dir) if args.resume else None
+    date = args.date or (existing or {}).get("date") or today()
+    man = manifest.build(
+        sample=_sample_label(args),
+        entries=entries,
+        date=date,
+        shard=args.shard,
+        modes=modes,
+        device=args.device,
+        tier=args.tier,
+    )
+    if existing is not None:
+        bad = manifest.differences(existing, man, ("sample_sha256", "shard", "date", "device", "tier"))
+        if bad:
+            what = ", ".join(f"{f} {existing.get(f)!r} there, {man.get(f)!r} now" for f in bad)
+            print(f"error: --resume into {out_dir}: it holds another run ({what})", file=sys.stderr)
+            return None
+        man["modes"] = list(dict.fromkeys([*existing.get("modes", []), *modes]))
+    manifest.write(out_dir, man)
+    return man
+
+
+def _resume_hint(argv: list[str], out_dir: Path, date: str) -> str:
+    """The command line that finishes an interrupted run, pinned to its directory and night
+    (the defaults would move to a new dated directory after midnight)."""
+    import shlex
+
+    args = list(argv)
+    if "--out" not in args and not any(a.startswith("--out=") for a in args):
+        args += ["--out", str(out_dir)]
+    if "--date" not in args and not any(a.startswith("--date=") for a in args):
+        args += ["--date", date]
+    if "--resume" not in args:
+        args.append("--resume")
+    return "python -m compat " + shlex.join(args)
+
+
 def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
     entries = _entries(args)
     if entries is None:
@@ -203,9 +259,13 @@ def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
     if bad or not modes:
         print(f"error: --modes {args.modes!r}: expected some of {', '.join(MODES)}", file=sys.stderr)
         return None
+    from compat.interrupt import RunInterrupted
     from compat.runner import run_models  # lazy: pulls in torch
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    man = _write_manifest(args, out_dir, entries, modes)
+    if man is None:
+        return None
     try:
         return run_models(
             entries,
@@ -224,6 +284,14 @@ def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
     except ValueError as e:  # the runner's own checks of its arguments
         print(f"error: {e}", file=sys.stderr)
         return None
+    except RunInterrupted as e:
+        _print_run_summary(e.records, out_dir)
+        print(
+            f"interrupted: results flushed to {e.results_path}; {e.remaining} model/mode pairs left.\n"
+            f"To resume: {_resume_hint(args.argv, out_dir, man['date'])}",
+            file=sys.stderr,
+        )
+        raise
 
 
 def _print_run_summary(results: list[dict], out_dir: Path) -> None:
@@ -237,7 +305,7 @@ def _print_run_summary(results: list[dict], out_dir: Path) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    out_dir = Path(args.out) if args.out else Path(args.reports_dir) / today()
+    out_dir = Path(args.out) if args.out else Path(args.reports_dir) / (args.date or today())
     results = _run(args, out_dir)
     if results is None:
         return 2
@@ -261,7 +329,7 @@ def previous_report(reports_dir: Path, date: str) -> Path | None:
 def cmd_nightly(args: argparse.Namespace) -> int:
     from compat import report
 
-    date = args.date or today()
+    date = args.date = args.date or today()
     reports_dir = Path(args.reports_dir)
     out_dir = Path(args.out) if args.out else reports_dir / date
     results = _run(args, out_dir)
@@ -282,17 +350,60 @@ def cmd_report(args: argparse.Namespace) -> int:
     from compat import report
 
     arch = Path(args.architectures) if args.architectures else MODEL_LISTS / "architectures.jsonl"
+    previous = Path(args.previous) if args.previous else None
+    if previous is None and args.previous_in:
+        night = _night_of(Path(args.results_dir))
+        previous = previous_report(Path(args.previous_in), night)
+        if previous is None:
+            print(f"no report before {night} in {args.previous_in}: nothing to diff against (first night)")
     try:
-        res = report.generate(
-            Path(args.results_dir),
-            previous=Path(args.previous) if args.previous else None,
-            architectures=arch,
-        )
+        res = report.generate(Path(args.results_dir), previous=previous, architectures=arch)
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(res.message)
     return res.exit_code
+
+
+def _night_of(results_dir: Path) -> str:
+    """The night of a results directory: its run.json date, its name when dated, else today."""
+    from compat import manifest
+
+    man = manifest.read(results_dir) or {}
+    if man.get("date"):
+        return str(man["date"])
+    return results_dir.name if DATE_DIR.match(results_dir.name) else today()
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from compat.merge import MergeError, merge_shards
+
+    try:
+        res = merge_shards(args.dirs, Path(args.out), allow_partial=args.allow_partial)
+    except MergeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(res.message)
+    return 0
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from compat import gate
+
+    res = gate.check(Path(args.report_dir))
+    print(res.message, file=sys.stderr if res.exit_code == 2 else sys.stdout)
+    return res.exit_code
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from compat import publish
+
+    try:
+        print(publish.push(Path(args.results_dir), args.hub_dataset, args.config))
+    except (FileNotFoundError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 # ------------------------------------------------------------------------------------------------ parser
@@ -321,6 +432,12 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
         help="torch.compile backend for the compiled mode (default: tpu on the tpu device, aot_eager elsewhere)",
     )
     p.add_argument("--out", help="results directory (default reports/<today>)")
+    p.add_argument(
+        "--date",
+        type=parse_date,
+        default=None,
+        help="the night this run belongs to, YYYY-MM-DD (default: today, or the resumed run's)",
+    )
     p.add_argument("--model-lists", default=str(MODEL_LISTS), help=argparse.SUPPRESS)
     p.add_argument("--reports-dir", default=str(REPORTS), help="where dated report directories live")
 
@@ -360,13 +477,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="summary.json, report.md and index.html from results.jsonl")
     p.add_argument("results_dir")
     p.add_argument("--previous", help="an earlier report directory to diff against")
+    p.add_argument(
+        "--previous-in",
+        help="diff against the latest dated report before this night in this directory (none: first night)",
+    )
     p.add_argument("--architectures", default=None, help="registry (default model_lists/architectures.jsonl)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("merge", help="merge shard directories of one run into one results.jsonl")
+    p.add_argument("dirs", nargs="+", help="shard output directories (each with results.jsonl and run.json)")
+    p.add_argument("--out", required=True, help="directory for the merged results.jsonl and run.json")
+    p.add_argument("--allow-partial", action="store_true", help="merge even when shards are missing")
+    p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("gate", help="exit 1 when a written report lists regressions (CI gate)")
+    p.add_argument("report_dir")
+    p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("publish", help="push a night's results to a Hub dataset (only when HF_TOKEN is set)")
+    p.add_argument("results_dir")
+    p.add_argument("--hub-dataset", required=True, help="the dataset repo id, e.g. org/hf-tpu-compat")
+    p.add_argument("--config", default=None, help="config name (default: the night's date)")
+    p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("nightly", help="run, then report into reports/<date>/ diffed against the last night")
     _run_flags(p)
     p.add_argument("--previous", help="default: the most recent earlier dated report")
-    p.add_argument("--date", help="report date (default today)")
     p.set_defaults(func=cmd_nightly)
     return parser
 
@@ -375,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m compat` and the `compat` script; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s: %(message)s",
@@ -382,6 +519,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        from compat.interrupt import RunInterrupted
+
+        if not isinstance(e, RunInterrupted):
+            print("interrupted", file=sys.stderr)
         return 130

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from compat.interrupt import TaskInterrupted
 from compat.records import Record
 from compat.supervise import OnRecord, WorkerConfig, WorkerHandle
 
@@ -73,23 +74,33 @@ class LocalExecutor:
         self.jobs, self.config, self.timeout_s = jobs, config, timeout_s
         self._handles: list[WorkerHandle] = []
 
-    def run(self, tasks: list[dict[str, Any]], on_record: OnRecord, on_task_done: OnTaskDone) -> None:
+    def run(
+        self,
+        tasks: list[dict[str, Any]],
+        on_record: OnRecord,
+        on_task_done: OnTaskDone,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Run every task; when ``stop`` is set, kill the workers and return with the rest unrun."""
+        stop = stop or threading.Event()
         q: queue.Queue[dict[str, Any]] = queue.Queue()
         for t in tasks:
             q.put(t)
         errors: list[BaseException] = []
 
         def slot(i: int) -> None:
-            handle = WorkerHandle(self.config, slot=i)
+            handle = WorkerHandle(self.config, slot=i, stop=stop)
             self._handles.append(handle)
             try:
-                while True:
+                while not stop.is_set():
                     try:
                         task = q.get_nowait()
                     except queue.Empty:
                         return
                     try:
                         handle.run(task, self.timeout_s, on_record)
+                    except TaskInterrupted:
+                        return  # the task's unreported modes stay unrecorded: --resume reruns them
                     except Exception as exc:  # e.g. the worker could not start: record it, go on
                         for rec in failure_records(task, "harness_error", f"{type(exc).__name__}: {exc}"):
                             on_record(rec)
@@ -153,7 +164,15 @@ class RayExecutor:
         self.jobs, self.config, self.timeout_s = jobs, config, timeout_s
         self.address = address or os.environ.get("RAY_ADDRESS")
 
-    def run(self, tasks: list[dict[str, Any]], on_record: OnRecord, on_task_done: OnTaskDone) -> None:
+    def run(
+        self,
+        tasks: list[dict[str, Any]],
+        on_record: OnRecord,
+        on_task_done: OnTaskDone,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """Run every task on the cluster; when ``stop`` is set, stop waiting and kill the actors."""
+        stop = stop or threading.Event()
         try:
             import ray
         except ImportError:
@@ -176,11 +195,11 @@ class RayExecutor:
         todo = list(tasks)
         free = list(actors)
         try:
-            while todo or pending:
+            while (todo or pending) and not stop.is_set():
                 while free and todo:
                     actor, task = free.pop(), todo.pop(0)
                     pending[actor.run.remote(task, self.timeout_s)] = (actor, task)
-                done, _ = ray.wait(list(pending), num_returns=1)
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
                 for ref in done:
                     actor, task = pending.pop(ref)
                     try:
@@ -199,8 +218,9 @@ class RayExecutor:
                     free.append(actor)
         finally:
             for a in actors:
-                with contextlib.suppress(Exception):
-                    ray.get(a.stop.remote(), timeout=10)
+                if not stop.is_set():  # a stopped run does not wait for busy actors to finish
+                    with contextlib.suppress(Exception):
+                        ray.get(a.stop.remote(), timeout=10)
                 with contextlib.suppress(Exception):
                     ray.kill(a)
             if started:

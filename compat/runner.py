@@ -8,6 +8,7 @@ rest goes to an executor whose workers run each model in its own process. Every 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from compat.executors import make_executor, select_shard
+from compat.interrupt import RunInterrupted, stop_on_signals
 from compat.materialize import DEFAULT_HUB_MAX_PARAMS, HarnessError, plan_entry
+from compat.progress import RunProgress
 from compat.records import MODES, record_for
 from compat.results import ResultsWriter, load_done, set_aside
 from compat.supervise import WorkerConfig
@@ -38,57 +41,6 @@ def normalize_entries(entries: Iterable[dict[str, Any] | str]) -> list[dict[str,
     return out
 
 
-class _Progress:
-    """Rich progress bar: models done, ETA, pass rate so far (quiet when disabled)."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.lock = threading.Lock()
-        self.records = 0
-        self.passes = 0
-        self.bar = None
-        if enabled and total:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self.bar = Progress(
-                TextColumn("[bold]compat[/bold]"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("models"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                TextColumn("pass {task.fields[rate]}"),
-                console=Console(stderr=True),
-                transient=False,
-            )
-            self.task = self.bar.add_task("run", total=total, rate="-")
-            self.bar.start()
-
-    def record(self, rec: dict[str, Any]) -> None:
-        with self.lock:
-            self.records += 1
-            self.passes += rec.get("status") == "pass"
-            if self.bar is not None:
-                self.bar.update(self.task, rate=f"{100 * self.passes / self.records:.0f}%")
-
-    def advance(self, n: int) -> None:
-        if self.bar is not None:
-            with self.lock:
-                self.bar.advance(self.task, n)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.stop()
-
-
 def run_models(
     entries: Sequence[dict[str, Any] | str],
     out_dir: str | os.PathLike[str],
@@ -106,6 +58,7 @@ def run_models(
     cache_dir: str | os.PathLike[str] | None = None,
     hub_max_params: int = DEFAULT_HUB_MAX_PARAMS,
     threads_per_worker: int | None = None,
+    stop: threading.Event | None = None,
 ) -> list[dict[str, Any]]:
     """Run every entry in every mode on ``device``; returns the records written by this call.
 
@@ -113,6 +66,10 @@ def run_models(
     results file is set aside (renamed ``*.bak``) and the run starts afresh. ``compile_backend`` None means
     ``tpu`` on the tpu device and ``aot_eager`` elsewhere. ``shard`` is ``(i, N)`` or ``"i/N"``, 0 <= i < N.
     Workers default to one torch thread each: shrunk models are tiny, parallelism comes from ``jobs``.
+
+    SIGINT/SIGTERM (or setting ``stop``) ends the run cleanly: workers are killed, nothing is recorded for
+    the models in flight, the results file is closed, and ``RunInterrupted`` says how many are left for
+    ``resume=True``.
     """
     bad = [m for m in modes if m not in MODES]
     if bad:
@@ -137,8 +94,9 @@ def run_models(
     collected: list[dict[str, Any]] = []
     pending = [(e, [m for m in modes if (str(e.get("id")), m) not in done]) for e in todo_entries]
     pending = [(e, needed) for e, needed in pending if needed]
-    bar = _Progress(len(pending), progress)
+    bar = RunProgress(modes, enabled=progress)
     writer = ResultsWriter(results_path)
+    stop = stop or threading.Event()
 
     def on_record(rec: dict[str, Any]) -> None:
         writer.append(rec)
@@ -146,27 +104,35 @@ def run_models(
         bar.record(rec)
 
     try:
-        tasks = _plan_tasks(
-            pending, device, tier, hub_max_params, str(cache), compile_backend, on_record, bar
-        )
-        for t in tasks:
-            # the run's own work cache is dropped model by model (a 5,000-model run's checkpoints filled
-            # a disk); an explicit cache_dir is kept for reuse
-            t["keep_model"] = keep_models
-        if tasks:
-            config = WorkerConfig(
-                tier=tier,
-                device=device,
-                threads=threads_per_worker or 1,
-                mem_limit_mb=mem_limit_mb,
-                log_dir=str(work / "logs"),
-                preload=_preload_for(tasks, modes),
+        with stop_on_signals(stop):
+            bar.planning(len(pending))
+            tasks = _plan_tasks(
+                pending, device, tier, hub_max_params, str(cache), compile_backend, on_record, stop
             )
-            ex = make_executor(executor, jobs, config, timeout_s)
-            ex.run(tasks, on_record, lambda t: bar.advance(t["n_models"]))
+            for t in tasks:
+                # the run's own work cache is dropped model by model (a 5,000-model run's checkpoints
+                # filled a disk); an explicit cache_dir is kept for reuse
+                t["keep_model"] = keep_models
+            if tasks and not stop.is_set():
+                config = WorkerConfig(
+                    tier=tier,
+                    device=device,
+                    threads=threads_per_worker or 1,
+                    mem_limit_mb=mem_limit_mb,
+                    log_dir=str(work / "logs"),
+                    preload=_preload_for(tasks, modes),
+                )
+                ex = make_executor(executor, jobs, config, timeout_s)
+                bar.start(len(tasks))
+                ex.run(tasks, on_record, lambda t: bar.config_done(), stop=stop)
     finally:
         writer.close()
-        bar.close()
+        with contextlib.suppress(Exception):
+            bar.close()
+    if stop.is_set():
+        covered = {(m, r["mode"]) for r in collected for m in [r["model_id"], *r.get("attributed_ids", [])]}
+        left = sum(1 for e, needed in pending for m in needed if (str(e.get("id")), m) not in covered)
+        raise RunInterrupted(collected, left, str(results_path))
     return collected
 
 
@@ -178,11 +144,13 @@ def _plan_tasks(
     cache: str,
     compile_backend: str | None,
     on_record: Any,
-    bar: _Progress,
+    stop: threading.Event,
 ) -> list[dict[str, Any]]:
     """Plan entries, record planning failures and skips, group duplicates into one task each."""
     groups: dict[tuple[str, tuple[str, ...]], list[tuple[dict[str, Any], Any]]] = {}
     for entry, needed in pending:
+        if stop.is_set():
+            return []
         try:
             plan = plan_entry(entry, tier=tier, hub_max_params=hub_max_params)
         except Exception as exc:
@@ -204,7 +172,6 @@ def _plan_tasks(
                         tier=tier,
                     ).to_dict()
                 )
-            bar.advance(1)
             continue
         groups.setdefault((plan.dedup_key, tuple(needed)), []).append((entry, plan))
     tasks = []
@@ -231,7 +198,6 @@ def _plan_tasks(
                         entry, m, device, "skipped", phase="plan", error=plan.skip, **_extra(base)
                     ).to_dict()
                 )
-            bar.advance(len(ids))
             continue
         tasks.append(
             {

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any
 
 import psutil
 
+from compat.interrupt import TaskInterrupted
 from compat.records import Record
 
 OnRecord = Callable[[dict[str, Any]], None]
@@ -48,9 +50,10 @@ class WorkerConfig:
 class WorkerHandle:
     """A reusable worker process with a watchdog."""
 
-    def __init__(self, config: WorkerConfig, slot: int = 0) -> None:
+    def __init__(self, config: WorkerConfig, slot: int = 0, stop: threading.Event | None = None) -> None:
         self.config = config
         self.slot = slot
+        self.stop_event = stop  # set: kill the worker and raise TaskInterrupted (a clean Ctrl-C)
         self.proc: Any = None
         self.conn: Any = None
         self.tasks_done = 0
@@ -100,6 +103,7 @@ class WorkerHandle:
         self.tasks_done = 0
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
+            self._check_stop()
             if self.conn.poll(POLL_S):
                 try:
                     kind, _ = self.conn.recv()
@@ -112,6 +116,11 @@ class WorkerHandle:
         tail = self.log_tail()
         self.kill()
         raise RuntimeError(f"compat worker {self.slot} failed to start{': ' + tail if tail else ''}")
+
+    def _check_stop(self) -> None:
+        if self.stop_event is not None and self.stop_event.is_set():
+            self.kill()
+            raise TaskInterrupted(f"worker {self.slot} stopped")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -192,6 +201,7 @@ class WorkerHandle:
         next_rss = 0.0
         failure: tuple[str, str] | None = None
         while True:
+            self._check_stop()
             try:
                 ready = self.conn.poll(POLL_S)
             except (EOFError, OSError):

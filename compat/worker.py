@@ -44,6 +44,9 @@ def _die_with_parent(parent_pid: int) -> None:
 def main(conn: Any, config: dict[str, Any]) -> None:
     """The worker loop: announce readiness, then run tasks until told to stop or the pipe closes."""
     _die_with_parent(config["parent_pid"])
+    # Ctrl-C reaches the whole process group: the parent alone decides (it kills us and records nothing
+    # for the model in flight); a KeyboardInterrupt here would be recorded as the model failing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     if config.get("tier", "offline") == "offline":
