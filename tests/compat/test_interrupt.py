@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import psutil
-import pytest
 
 from compat.progress import RunProgress
 from compat.results import read_records
@@ -37,9 +36,6 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-# Behind -m slow for now: in one fresh-clone CI run the interrupted run left 1 of 8 results and never
-# reached its resume (cause not found; 8 reruns here, foreground and background, all passed).
-@pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_resume_finishes_the_rest(tmp_path: Path) -> None:
     entries = [{"id": f"fake/slow-0.3#{i}"} for i in range(N_MODELS)]
     sample = tmp_path / "sample.jsonl"
@@ -85,7 +81,8 @@ def test_ctrl_c_stops_cleanly_and_resume_finishes_the_rest(tmp_path: Path) -> No
     assert 1 <= len(before) < N_MODELS, "the interrupt should land mid-run"
     assert {r["status"] for r in before} == {"pass"}
     assert "SIGINT: stopping workers" in stderr
-    assert "configs" in stderr and "ETA" in stderr and "pass eager" in stderr  # the progress line
+    # (no check of the progress line here: the signal may land between the first result's write and its
+    # progress line; test_progress_line_counts_configs_eta_and_pass_rate_per_mode covers the line)
     hint = [line for line in stderr.splitlines() if line.startswith("To resume: ")]
     assert len(hint) == 1 and hint[0].endswith("--resume"), stderr[-2000:]
     assert f"{N_MODELS - len(before)} model/mode pairs left" in stderr
