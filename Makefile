@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format
+.PHONY: install native test test-python-path test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,14 +16,31 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,dev]"
 	touch $(STAMP)
 
-install: $(STAMP)
+# the C++ extension (pinned memory, tpu generators, events); without a compiler hf_tpu runs its
+# pure-Python path (build.py says so and exits 0). A no-op when the library matches its source and torch.
+native: $(STAMP)
+	$(PY) hf_tpu/runtime/native/build.py
+
+install: $(STAMP) native
 
 # one device for the suite; the multi-chip tests in a process of their own with 8 forced host devices
 MULTICHIP_FLAGS := --xla_force_host_platform_device_count=8
 
+# the tests whose behaviour depends on the C++ extension, again on the pure-Python path
+PYTHON_PATH_TESTS := tests/runtime/test_native.py tests/runtime/test_pinned.py tests/runtime/test_rng.py \
+	tests/runtime/test_host_copies.py tests/runtime/test_device.py \
+	tests/integrations/test_generate_paths.py::test_watermarked_generate_matches_cpu \
+	tests/integrations/test_generate_paths.py::test_synthid_watermark_processor_matches_cpu \
+	tests/integrations/test_diffusers_bad_input.py::test_a_generator_made_for_tpu_draws_cpus_numbers
+
 test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	HF_TPU_NATIVE=0 $(PY) -m pytest -q -p no:cacheprovider $(PYTHON_PATH_TESTS) $(PYTEST_ARGS)
 	XLA_FLAGS=$(MULTICHIP_FLAGS) $(PY) -m pytest -q tests/multichip $(PYTEST_ARGS)
+
+# the whole suite on the pure-Python path (no C++ extension)
+test-python-path: install
+	HF_TPU_NATIVE=0 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
@@ -38,6 +55,7 @@ test-upstream:
 	$(UPSTREAM_VENV)/bin/python -m pip install --quiet torch==2.13.0
 	$(UPSTREAM_VENV)/bin/python -m pip install --quiet -e ".[test]"
 	$(UPSTREAM_VENV)/bin/python -m pip install --quiet --upgrade transformers diffusers accelerate safetensors huggingface_hub
+	$(UPSTREAM_VENV)/bin/python hf_tpu/runtime/native/build.py
 	$(UPSTREAM_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|diffusers|accelerate) "
 	$(UPSTREAM_VENV)/bin/python -m pytest -q tests/integrations $(PYTEST_ARGS)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME_LAYERS = {
+    "native": 0,
     "buffers": 1,
     "launch": 2,
     "tensors": 3,

@@ -65,14 +65,27 @@ def test_bad_call_arguments_raise_cpus_error(sd_pair, overrides):
 
 
 def test_a_generator_made_for_tpu_draws_cpus_numbers(sd_pair):
-    """`torch.Generator("tpu")` (diffusers' docs idiom) is a CPU generator (README, *Random numbers*): the
-    tpu pipeline gives the image a CPU generator gives."""
+    """`torch.Generator("tpu")` (diffusers' docs idiom; README, *Random numbers*). With the C++ extension
+    it is a real tpu generator: the latents are the device's draws (as CUDA's differ from CPU's), the
+    same image for the same seed, and the CPU pipeline given those latents gives that image. On the
+    pure-Python path it is a CPU generator: the tpu pipeline gives the image a CPU generator gives."""
     import numpy as np
+
+    from hf_tpu.runtime import native
 
     cpu, tpu = sd_pair
     fam = FAMILIES["sd"]
-    expected = cpu(**fam.inputs()).images
     got = tpu(**{**fam.inputs(), "generator": torch.Generator("tpu").manual_seed(0)}).images
+    if not native.active():
+        np.testing.assert_allclose(got, cpu(**fam.inputs()).images, atol=1e-4, rtol=0)
+        return
+    again = tpu(**{**fam.inputs(), "generator": torch.Generator("tpu").manual_seed(0)}).images
+    np.testing.assert_array_equal(got, again)
+    inputs = {k: v for k, v in fam.inputs().items() if k != "generator"}
+    scale = tpu.vae_scale_factor
+    shape = (1, tpu.unet.config.in_channels, inputs["height"] // scale, inputs["width"] // scale)
+    latents = torch.randn(shape, generator=torch.Generator("tpu").manual_seed(0), device="tpu")
+    expected = cpu(**inputs, latents=latents.cpu()).images
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
 
 

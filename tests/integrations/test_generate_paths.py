@@ -6,6 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, CompileConfig
 
+from hf_tpu.runtime import native
+
 NEW = 4
 
 
@@ -76,14 +78,34 @@ def test_seeded_sampling_with_a_compiled_decode_step_matches_eager(llama_tpu, ll
 
 @pytest.mark.parametrize("scheme", ["lefthash", "selfhash"])
 def test_watermarked_generate_matches_cpu(llama_cpu, llama_tpu, scheme):
-    """WatermarkLogitsProcessor seeds a `torch.Generator(device=...)`, which tpu cannot build: it keeps it
-    on CPU, and the greenlists, hence the watermarked tokens, are CPU's."""
-    from transformers import WatermarkingConfig
+    """WatermarkLogitsProcessor seeds a `torch.Generator(device=...)`. With the C++ extension that is a
+    real tpu generator drawing the device's permutations (as CUDA's differ from CPU's): the run is
+    reproducible and every new token is in its context's greenlist. On the pure-Python path the generator
+    is a CPU one, and the greenlists, hence the watermarked tokens, are CPU's."""
+    from transformers import WatermarkingConfig, WatermarkLogitsProcessor
 
     model, _, ids = llama_cpu
     config = WatermarkingConfig(bias=5.0, seeding_scheme=scheme)
     out = _greedy(llama_tpu, ids, watermarking_config=config)
-    assert torch.equal(out, _greedy(model, ids, watermarking_config=config))
+    if not native.active():
+        assert torch.equal(out, _greedy(model, ids, watermarking_config=config))
+        return
+    assert torch.equal(out, _greedy(llama_tpu, ids, watermarking_config=config))
+    if scheme == "lefthash":  # selfhash's greenlist also depends on the candidate token
+        proc = WatermarkLogitsProcessor(
+            vocab_size=model.config.vocab_size,
+            device="tpu",
+            greenlist_ratio=config.greenlist_ratio,
+            bias=config.bias,
+            hashing_key=config.hashing_key,
+            seeding_scheme=scheme,
+            context_width=config.context_width,
+        )
+        green = [
+            int(out[0, i]) in set(proc._get_greenlist_ids(out[0, :i].to("tpu")).cpu().tolist())
+            for i in range(ids.shape[1], out.shape[1])
+        ]
+        assert sum(green) >= NEW - 1, green
 
 
 def test_synthid_watermark_processor_matches_cpu():
@@ -96,6 +118,11 @@ def test_synthid_watermark_processor_matches_cpu():
     cpu = SynthIDTextWatermarkLogitsProcessor(device="cpu", **kwargs)
     tpu = SynthIDTextWatermarkLogitsProcessor(device="tpu", **kwargs)
     assert tpu.keys.device.type == "tpu" and tpu.sampling_table.device.type == "tpu"
+    if native.active():  # its sampling table comes from a real tpu generator: the device's draws (as on
+        # CUDA), the same for the same seed; the rest of the processor must then match CPU's
+        again = SynthIDTextWatermarkLogitsProcessor(device="tpu", **kwargs)
+        assert torch.equal(again.sampling_table.cpu(), tpu.sampling_table.cpu())
+        cpu.sampling_table = tpu.sampling_table.cpu()
     torch.testing.assert_close(tpu(ids.to("tpu"), scores.to("tpu")).cpu(), cpu(ids, scores))
 
 

@@ -1,13 +1,19 @@
-"""pin_memory while tpu is the accelerator: the tensor itself (an async copy target), keeping DataLoader(pin_memory=True) working."""
+"""pin_memory while tpu is the accelerator. With the C++ extension: real pinned host memory
+(tests/runtime/test_native.py); on the pure-Python path: the tensor itself (an async copy target),
+keeping DataLoader(pin_memory=True) working. `make test` runs this file on both paths."""
 
 from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 import torch.utils.data as data
 
+from hf_tpu.runtime import native
 
+
+@pytest.mark.skipif(native.active(), reason="pure-Python path only (the C++ extension pins for real)")
 def test_pin_memory_returns_the_host_tensor_unpinned():
     x = torch.arange(6.0).reshape(2, 3)
     with warnings.catch_warnings():

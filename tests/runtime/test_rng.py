@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from hf_tpu.runtime import native
+
 DEV = "tpu"
 N = 10_000
 
@@ -81,6 +83,7 @@ def test_fork_rng_restores_device_state():
     assert torch.equal(inside, after)
 
 
+@pytest.mark.skipif(native.active(), reason="pure-Python path only (native: tests/runtime/test_native.py)")
 def test_a_tpu_generator_is_a_cpu_generator_drawing_cpus_numbers():
     """torch's Python hooks cannot create a PrivateUse1 generator (torch raised, naming getNewGenerator):
     `torch.Generator("tpu")`, the diffusers idiom, gives a CPU generator, whose draws on tpu are CPU's."""

@@ -40,8 +40,9 @@ def mark_async_target(t: torch.Tensor) -> torch.Tensor:
 
 
 def is_async_target(t: torch.Tensor) -> bool:
+    """Marked by `mark_async_target`, or in pinned memory (the C++ extension's pinned allocator)."""
     ref = _targets.get(id(t))
-    return ref is not None and ref() is t
+    return (ref is not None and ref() is t) or t.is_pinned()
 
 
 def copy_async(dst: torch.Tensor, array) -> None:

@@ -86,6 +86,9 @@ def __getattr__(name: str):
     # the device RNG state only when it is True (else dropout in a recomputed block draws a new mask)
     if name == "_initialized":
         return is_initialized()
+    if name == "default_generators" and hasattr(_GENERATOR, "generator"):
+        # like torch.cuda.default_generators; only with the C++ extension (real tpu generators)
+        return (_GENERATOR.generator,)
     raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
 
 

@@ -1,5 +1,6 @@
-"""`torch.Generator(device="tpu")`: a CPU generator, so the diffusers idiom
-`torch.Generator("tpu").manual_seed(0)` works.
+"""`torch.Generator(device="tpu")` on the pure-Python path (no C++ extension, `HF_TPU_NATIVE=0`): a CPU
+generator, so the diffusers idiom `torch.Generator("tpu").manual_seed(0)` works. With the extension
+(hf_tpu.runtime.native) it is a real tpu generator and this module is not installed.
 
 PyTorch builds a device generator through the backend's C++ hooks (`getNewGenerator`), which a backend
 defined in Python cannot provide: the call raised NotImplementedError, and code that builds its own

@@ -1,4 +1,5 @@
-"""The C++-facing hooks of the PrivateUse1 backend: availability and the device guard."""
+"""The PrivateUse1 hooks and device guard written in Python (the pure-Python path; the C++ extension in
+hf_tpu.runtime.native registers fuller ones: pinned allocator, generators, events)."""
 
 from __future__ import annotations
 

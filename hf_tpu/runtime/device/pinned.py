@@ -1,4 +1,5 @@
-"""Pinned host memory while tpu is the accelerator: the tensor itself, an async copy target, not an error.
+"""Pinned host memory on the pure-Python path (no C++ extension, whose pinned allocator makes this module
+unnecessary): the tensor itself, an async copy target, not an error.
 
 `Tensor.pin_memory()` asks the current accelerator's C++ hooks for a pinned allocator, and PyTorch's
 Python PrivateUse1 hooks cannot provide one, so `DataLoader(pin_memory=True)` (whose pinning thread

@@ -52,8 +52,17 @@ def register() -> None:
         module = sys.modules.get("torch.tpu")
         if module is None:
             torch._register_device_module("tpu", device_module)
-        torch._C._acc.register_python_privateuseone_hook(hooks.TpuHooks())
-        torch._C._acc.register_python_privateuseone_device_guard(hooks.TpuDeviceGuard())
+        from hf_tpu.runtime import native
+
+        ext = native.load()
+        if ext is not None:  # C++ hooks: pinned memory, tpu generators, events (see native/)
+            from hf_tpu.runtime.device import native_callbacks
+
+            ext.set_callbacks(native_callbacks)
+            ext.register_backend()
+        else:
+            torch._C._acc.register_python_privateuseone_hook(hooks.TpuHooks())
+            torch._C._acc.register_python_privateuseone_device_guard(hooks.TpuDeviceGuard())
         from hf_tpu.runtime.execution import dispatch, fallback
 
         # kernels (and JAX) load on the first op that reaches the device: `import torch` stays cheap
@@ -82,10 +91,11 @@ def register() -> None:
         storage_api.install()
         accelerator_api.install()
         dlpack.install()
-        generator.install()
+        if ext is None:  # the C++ hooks give real tpu generators and pinned memory
+            generator.install()
+            pinned.install()
         unsupported_layouts.install()
         printing.install()
-        pinned.install()
         record_stream.install()
         module_conversion.install()
         from hf_tpu.runtime.distributed import registration as distributed

@@ -457,6 +457,7 @@ class OpKernel:
         # read once: the key and the executable must agree on which scalars are inputs even when another
         # thread's build switches this kernel to traced scalars in between
         dynamic = self.dynamic_scalars
+        generator = None
         for v, k in zip(fargs, self.fsig.kinds):
             if k == _T:
                 if v is None:
@@ -500,7 +501,9 @@ class OpKernel:
                 append(tuple(sub))
             elif k == _GEN:
                 if v is not None:
-                    return self._run_with_cpu_generator(fargs, full)
+                    if v.device.type != "tpu":
+                        return self._run_with_cpu_generator(fargs, full)
+                    generator = v  # a tpu generator (native path): its state drives the draw
                 append(None)
             else:
                 append(_freeze(v))
@@ -508,6 +511,8 @@ class OpKernel:
             if fargs[i] is None:
                 append(torch.get_default_dtype())
                 break
+        if generator is not None:  # drawn below from its state; the executable never sees it
+            fargs = [None if x is generator else x for x in fargs]
         key = tuple(key)
         entry = self.cache.get(key)
         if entry is None:
@@ -518,7 +523,7 @@ class OpKernel:
             with self.lock:
                 self.cache[key] = entry
         if self.lowering.random:
-            leaves.insert(0, rng.next_material())
+            leaves.insert(0, rng.next_material() if generator is None else rng.material_of(generator))
         try:
             if lazy._enabled:
                 return lazy.call(entry.fn, leaves, entry), entry.spec
