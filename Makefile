@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install native test test-python-path test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format
+.PHONY: install native test test-python-path test-latest test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,8 @@ test-upstream:
 	$(UPSTREAM_VENV)/bin/python hf_tpu/runtime/native/build.py
 	$(UPSTREAM_VENV)/bin/python -m pip list 2>/dev/null | grep -iE "^(transformers|diffusers|accelerate) "
 	$(UPSTREAM_VENV)/bin/python -m pytest -q tests/integrations $(PYTEST_ARGS)
+
+test-latest: test-upstream
 
 # after an upgrade that passes `make test`: pin what is installed
 constraints: install
