@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install native test test-python-path test-latest test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format
+.PHONY: install native test test-python-path test-latest soak test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format fuzz-long
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,10 @@ test-upstream:
 
 test-latest: test-upstream
 
+# 1,000-step training loops (Strict and DeferAndFuse) with flat device memory and host RSS, threads loading models
+soak: install
+	$(PY) -m pytest -q -m "slow or not slow" tests/soak $(PYTEST_ARGS)
+
 # after an upgrade that passes `make test`: pin what is installed
 constraints: install
 	{ sed -n '1,3p' constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^torch=='; echo 'torch==2.13.0'; } > constraints.txt.new
@@ -112,3 +116,9 @@ lint: install
 format: install
 	$(PY) -m ruff format hf_tpu compat tests benchmarks
 	$(PY) -m ruff check --fix hf_tpu compat tests benchmarks
+
+# the randomized programs of tests/fuzz with many more examples and fresh seeds (CI runs a fixed-seed budget);
+# HF_TPU_FUZZ_SEED=<n> replays one run
+FUZZ_EXAMPLES ?= 1000
+fuzz-long: install
+	HF_TPU_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q -p no:cacheprovider --timeout 0 tests/fuzz $(PYTEST_ARGS)
