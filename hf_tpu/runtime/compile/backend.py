@@ -61,6 +61,7 @@ from hf_tpu.runtime.compile.graph_rng import (
     key_of_state,
     state_of_draw,
 )
+from hf_tpu.runtime.distributed import compiled as spmd
 from hf_tpu.runtime.execution.dispatch import _cast_like, _Signature, op_failure
 from hf_tpu.runtime.launch import rng
 from hf_tpu.runtime.lowerings.table import graph_lowering
@@ -120,6 +121,12 @@ class GraphProgram:
         # (input index, index of the output that becomes its new value): see `donation_plan`
         self.donation_plan = donation_plan
         self.mutations = donation_plan  # the same pairs, kept when donation is turned off
+        # functional collectives: the graph runs as one SPMD program over their group (distributed/compiled.py)
+        self._spmd, why_not = spmd.spmd_plan(gm)
+        if why_not:
+            self.missing.append(why_not)
+        if self._spmd is not None:
+            self.donation_plan = ()  # inputs become blocks of global arrays: no buffer to donate
         self._donating: dict = {}  # donated input indices -> jax.jit with those donate_argnums
         self.n_random = _count_draws(gm)
         # how each output is produced, and the nodes the jitted program returns (`plan_outputs`)
@@ -292,7 +299,10 @@ class GraphProgram:
             # non-tensor inputs (the sizes of a graph Dynamo made dynamic) are static: lowerings need
             # concrete ints for shapes, and XLA compiles per shape anyway
             self._static = tuple(i + 1 for i, a in enumerate(args) if not isinstance(a, torch.Tensor))
-            self._jitted = jax.jit(self.interpret, static_argnums=self._static)
+            if self._spmd is not None:
+                self._jitted = spmd.SpmdProgram(self.interpret, self._spmd, self._static, self.name)
+            else:
+                self._jitted = jax.jit(self.interpret, static_argnums=self._static)
         arrays = []
         for a in args:
             if isinstance(a, torch.Tensor):

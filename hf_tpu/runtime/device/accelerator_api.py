@@ -51,32 +51,14 @@ def _device_count(original):
             from hf_tpu.runtime.buffers import platform
             from hf_tpu.runtime.distributed import registration
 
-            aliases = max(registration.local_device_names(), _world_size_being_initialized())
+            # mp.spawn: init_process_group(world_size=N, device_id=tpu:rank) asks while it runs
+            aliases = max(registration.local_device_names(), registration.world_size_being_initialized())
             if aliases:  # counting chips would start JAX, which must wait for the job's coordinator
                 return max(aliases, len(platform.devices()) if platform.is_initialized() else 1)
         return original(*args, **kwargs)
 
     device_count.__hf_tpu_routed__ = True
     return device_count
-
-
-def _world_size_being_initialized() -> int:
-    """The `world_size` argument of an `init_process_group` that is asking right now (else 0).
-
-    Under `mp.spawn` nothing in the env says how many processes there are before the group exists, yet
-    torch checks `device_id=tpu:rank` against this count; for tpu_dist that index names the process's
-    own device, so the job's size is the right bound.
-    """
-    import sys
-
-    try:
-        frame = sys._getframe(2)  # init_process_group -> device_count wrapper -> here
-    except ValueError:  # called from the top of the stack
-        return 0
-    if frame.f_code.co_name != "init_process_group" or "distributed_c10d" not in frame.f_code.co_filename:
-        return 0
-    size = frame.f_locals.get("world_size", -1)
-    return size if isinstance(size, int) and size > 0 else 0
 
 
 def install() -> None:

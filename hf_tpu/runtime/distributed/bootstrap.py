@@ -134,6 +134,8 @@ def _join(jax, rank: int, world_size: int, local_rank: int, coordinator: str) ->
             num_processes=world_size,
             process_id=rank,
             initialization_timeout=max(1, int(timeout)),
+            # at exit JAX waits for every process: bounded, so a rank outliving a dead peer still exits
+            shutdown_timeout_seconds=max(1, int(launch_env.collective_timeout_s() or 300)),
         )
         _joined[0] = Joined(rank, world_size, local_rank, coordinator)
         return _joined[0]

@@ -90,3 +90,23 @@ def init_timeout_s() -> float:
         raise DistributedInitError(
             f"tpu_dist: HF_TPU_DIST_INIT_TIMEOUT={value!r} is not a number of seconds"
         ) from None
+
+
+COLLECTIVE_TIMEOUT_ENV = "HF_TPU_DIST_TIMEOUT"
+
+
+def collective_timeout_s() -> float | None:
+    """HF_TPU_DIST_TIMEOUT: how long a rank waits for the others at a collective (and JAX's shutdown
+    waits for them at exit) before a clear error; None when unset."""
+    value = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if seconds <= 0:
+        raise DistributedInitError(
+            f"tpu_dist: {COLLECTIVE_TIMEOUT_ENV}={value!r} is not a positive number of seconds"
+        )
+    return seconds

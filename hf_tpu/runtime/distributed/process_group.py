@@ -11,6 +11,7 @@ direction keeps program order, which is how sends match receives.
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from hf_tpu.runtime.buffers import platform
 from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
 from hf_tpu.runtime.distributed import programs, reduce_ops
+from hf_tpu.runtime.distributed.agreement import Agreement, peer_failure
 from hf_tpu.runtime.distributed.launch_env import BACKEND_NAME
 from hf_tpu.runtime.distributed.work import TpuWork, block_on, join_future
 from hf_tpu.runtime.tensors.tensor import to_jax, write
@@ -39,6 +41,19 @@ def _check(tensors, collective: str) -> None:
                 "tpu_dist collectives take tpu tensors: move it with .to('tpu'), or run cpu tensors through "
                 "a gloo group (dist.new_group(backend='gloo'))"
             )
+
+
+def _sig(tensors, **extra) -> dict:
+    """A collective's signature for the agreement: the shape and dtype of its tensor(s), and `extra`."""
+    if len(tensors) == 1:
+        base = {"shape": list(tensors[0].shape), "dtype": _dtype_name(tensors[0].dtype)}
+    else:
+        base = {"shapes": [list(t.shape) for t in tensors], "dtypes": [_dtype_name(t.dtype) for t in tensors]}
+    return {**base, **extra}
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _same_shapes(tensors, shape: tuple, collective: str, what: str) -> None:
@@ -86,10 +101,13 @@ _BACKEND_INFO = _BackendInfo()
 class ProcessGroupTPU(dist.ProcessGroup):
     """The tpu_dist process group of `ranks` (global ranks, in group-rank order)."""
 
-    def __init__(self, group_rank: int, ranks: tuple[int, ...]) -> None:
+    def __init__(self, group_rank: int, ranks: tuple[int, ...], store=None, timeout=None) -> None:
         super().__init__(group_rank, len(ranks))
         self._group_rank = group_rank
         self._ranks = tuple(ranks)
+        # every collective first agrees on its arguments with the other ranks (agreement.py)
+        self._agreement = Agreement(store, self._ranks, group_rank, timeout)
+        self._current = "collective"  # the collective under way, for errors
 
     # -- identity --------------------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - torch's name
@@ -125,13 +143,49 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _run(self, body, *arrays):
-        return programs.run(self._ranks, body, *arrays)
+        try:
+            return programs.run(self._ranks, body, *arrays)
+        except Exception as exc:  # noqa: BLE001 - a peer that died inside the exchange
+            raise peer_failure(self._current, self._ranks, exc) from exc
+
+    def _agree(self, collective: str, validate, consistent=None) -> list[dict] | None:
+        """Run this rank's own checks (`validate()`, which returns its signature) and agree with the other
+        ranks before anything is sent: a rank whose arguments fail, or signatures that do not fit together
+        (`consistent(sigs)` returns why not; default: all equal), raise on every rank. Returns every rank's
+        signature (None when the exchange is off: HF_TPU_DIST_CHECK=0 or a group of one)."""
+        self._current = collective
+        try:
+            mine, local_error = validate(), None
+        except (TypeError, ValueError) as exc:
+            mine, local_error = {"error": f"{type(exc).__name__}: {exc}"}, exc
+        if not self._agreement.active:
+            if local_error is not None:
+                raise local_error
+            return None
+        sigs = self._agreement.exchange(collective, mine)
+        if local_error is not None:
+            raise local_error
+        mismatch = self._agreement.mismatch
+        if len({s["op_name"] for s in sigs}) > 1:
+            names = ", ".join(f"rank {self._ranks[r]} called {s['op_name']}" for r, s in enumerate(sigs))
+            raise mismatch(collective, sigs, f"they called different collectives: {names}")
+        failed = [self._ranks[r] for r, s in enumerate(sigs) if "error" in s]
+        if failed:
+            raise mismatch(
+                collective,
+                sigs,
+                f"rank{'s' if len(failed) > 1 else ''} {', '.join(map(str, failed))} passed bad arguments",
+            )
+        why = consistent(sigs) if consistent is not None else _all_equal(sigs)
+        if why:
+            raise mismatch(collective, sigs, why)
+        return sigs
 
     def _kind(self, dtype: torch.dtype) -> str:
         return reduce_ops.kind(dtype)
 
     def _work(self, arrays: list, outputs: list, what: str) -> TpuWork:
-        return TpuWork(block_on(arrays), outputs, what)
+        return TpuWork(block_on(arrays, lambda exc: peer_failure(what, self._ranks, exc)), outputs, what)
 
     def _check_root(self, root: int, collective: str) -> None:
         if not 0 <= root < len(self._ranks):
@@ -146,9 +200,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
             programs.all_reduce_body(name, self._kind(t.dtype), len(self._ranks), factor), to_jax(t)
         )
 
+    def _reduce_sig(self, tensors, op, collective: str, **extra) -> dict:
+        _check(tensors, collective)
+        names = {reduce_ops.resolve(op, t.dtype, collective)[0] for t in tensors}
+        return _sig(tensors, op=",".join(sorted(names)).upper(), **extra)
+
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
-        _check(tensors, "all_reduce")
+        self._agree("all_reduce", lambda: self._reduce_sig(tensors, opts.reduceOp, "all_reduce"))
         results = []
         for t in tensors:
             y = self._all_reduce(t, opts.reduceOp, "all_reduce")
@@ -162,8 +221,12 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        _check(tensors, "reduce")
-        self._check_root(opts.rootRank, "reduce")
+
+        def validate():
+            self._check_root(opts.rootRank, "reduce")
+            return self._reduce_sig(tensors, opts.reduceOp, "reduce", root=opts.rootRank)
+
+        self._agree("reduce", validate)
         results = []
         for t in tensors:
             y = self._all_reduce(t, opts.reduceOp, "reduce")
@@ -179,12 +242,19 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
+
+        def validate():
+            for out, inputs in zip(outputs, input_lists):
+                _check([out, *inputs], "reduce_scatter")
+                self._check_count(inputs, "reduce_scatter", "input_list")
+                _same_shapes(inputs, tuple(out.shape), "reduce_scatter", "input")
+                _same_dtypes([out, *inputs], "reduce_scatter")
+            return self._reduce_sig(list(outputs), opts.reduceOp, "reduce_scatter")
+
+        self._agree("reduce_scatter", validate)
         jnp = platform.jax().numpy
         results = []
         for out, inputs in zip(outputs, input_lists):
-            _check([out, *inputs], "reduce_scatter")
-            self._check_count(inputs, "reduce_scatter", "input_list")
-            _same_shapes(inputs, tuple(out.shape), "reduce_scatter", "input")
             stacked = jnp.stack([to_jax(t) for t in inputs])
             y = self._reduce_scatter(stacked, out, opts.reduceOp, "reduce_scatter")
             y = y.reshape(tuple(out.shape))
@@ -194,13 +264,20 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's name
         opts = opts or dist.ReduceScatterOptions()
-        _check([output, input], "reduce_scatter_tensor")
         g = len(self._ranks)
-        if input.numel() != output.numel() * g:
-            raise ValueError(
-                f"tpu_dist reduce_scatter_tensor: input has {input.numel()} elements, output "
-                f"{output.numel()}: the input must hold world_size ({g}) times the output"
-            )
+
+        def validate():
+            _check([output, input], "reduce_scatter_tensor")
+            _same_dtypes([output, input], "reduce_scatter_tensor")
+            if input.numel() != output.numel() * g:
+                raise ValueError(
+                    f"tpu_dist reduce_scatter_tensor: input has {input.numel()} elements, output "
+                    f"{output.numel()}: the input must hold world_size ({g}) times the output"
+                )
+            sig = self._reduce_sig([output], opts.reduceOp, "reduce_scatter_tensor")
+            return {"input_shape": list(input.shape), "output_shape": sig.pop("shape"), **sig}
+
+        self._agree("reduce_scatter_tensor", validate, _equal_except("input_shape"))
         x = to_jax(input).reshape((g, *tuple(output.shape)))
         y = self._reduce_scatter(x, output, opts.reduceOp, "reduce_scatter_tensor").reshape(
             tuple(output.shape)
@@ -223,11 +300,17 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return self._run(programs.all_gather_body(), to_jax(t))
 
     def allgather(self, output_lists, inputs, opts=None):
+        def validate():
+            for outs, t in zip(output_lists, inputs):
+                _check([t, *outs], "all_gather")
+                self._check_count(outs, "all_gather", "tensor_list")
+                _same_shapes(outs, tuple(t.shape), "all_gather", "output")
+                _same_dtypes([t, *outs], "all_gather")
+            return _sig(list(inputs))
+
+        self._agree("all_gather", validate)
         results = []
         for outs, t in zip(output_lists, inputs):
-            _check([t, *outs], "all_gather")
-            self._check_count(outs, "all_gather", "tensor_list")
-            _same_shapes(outs, tuple(t.shape), "all_gather", "output")
             y = self._gathered(t)
             for j, o in enumerate(outs):
                 write(o, y[j])
@@ -238,13 +321,20 @@ class ProcessGroupTPU(dist.ProcessGroup):
         return self.allgather(output_lists, inputs, opts)
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002
-        _check([output, input], "all_gather_into_tensor")
         g = len(self._ranks)
-        if output.numel() != input.numel() * g:
-            raise ValueError(
-                f"tpu_dist all_gather_into_tensor: output has {output.numel()} elements, input {input.numel()}: "
-                f"the output must hold world_size ({g}) times the input"
-            )
+
+        def validate():
+            _check([output, input], "all_gather_into_tensor")
+            _same_dtypes([output, input], "all_gather_into_tensor")
+            if output.numel() != input.numel() * g:
+                raise ValueError(
+                    f"tpu_dist all_gather_into_tensor: output has {output.numel()} elements (shape "
+                    f"{tuple(output.shape)}), input {input.numel()} (shape {tuple(input.shape)}): the output "
+                    f"must hold world_size ({g}) times the input"
+                )
+            return _sig([input])
+
+        self._agree("all_gather_into_tensor", validate)
         y = self._gathered(input).reshape(tuple(output.shape))
         write(output, y)
         return self._work([y], [output], "all_gather_into_tensor")
@@ -255,24 +345,38 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def gather(self, output_lists, inputs, opts=None):
         opts = opts or dist.GatherOptions()
-        self._check_root(opts.rootRank, "gather")
-        (t,) = inputs
-        _check([t], "gather")
         is_root = self._group_rank == opts.rootRank
+
+        def validate():
+            self._check_root(opts.rootRank, "gather")
+            (t,) = inputs
+            _check([t], "gather")
+            if is_root:
+                (outs,) = output_lists
+                _check(outs, "gather")
+                self._check_count(outs, "gather", "gather_list")
+                _same_shapes(outs, tuple(t.shape), "gather", "gather_list entry")
+                _same_dtypes([t, *outs], "gather")
+            return _sig([t], root=opts.rootRank)
+
+        self._agree("gather", validate)
+        (t,) = inputs
         y = self._gathered(t)
         if is_root:
             (outs,) = output_lists
-            _check(outs, "gather")
-            self._check_count(outs, "gather", "gather_list")
-            _same_shapes(outs, tuple(t.shape), "gather", "gather_list entry")
             for j, o in enumerate(outs):
                 write(o, y[j])
         return self._work([y], [o for outs in output_lists for o in outs], "gather")
 
     def broadcast(self, tensors, opts=None):
         opts = opts or dist.BroadcastOptions()
-        _check(tensors, "broadcast")
-        self._check_root(opts.rootRank, "broadcast")
+
+        def validate():
+            _check(tensors, "broadcast")
+            self._check_root(opts.rootRank, "broadcast")
+            return _sig(tensors, root=opts.rootRank)
+
+        self._agree("broadcast", validate)
         results = []
         for t in tensors:
             y = self._run(programs.pick_body(opts.rootRank), to_jax(t))
@@ -283,16 +387,26 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     def scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ScatterOptions()
-        self._check_root(opts.rootRank, "scatter")
+        is_root = self._group_rank == opts.rootRank
+
+        def validate():
+            self._check_root(opts.rootRank, "scatter")
+            (out,) = outputs
+            _check([out], "scatter")
+            if is_root:
+                (inputs,) = input_lists
+                _check(inputs, "scatter")
+                self._check_count(inputs, "scatter", "scatter_list")
+                _same_shapes(inputs, tuple(out.shape), "scatter", "scatter_list entry")
+                _same_dtypes([out, *inputs], "scatter")
+            return _sig([out], root=opts.rootRank)
+
+        self._agree("scatter", validate)
         (out,) = outputs
-        _check([out], "scatter")
         jnp = platform.jax().numpy
         g = len(self._ranks)
-        if self._group_rank == opts.rootRank:
+        if is_root:
             (inputs,) = input_lists
-            _check(inputs, "scatter")
-            self._check_count(inputs, "scatter", "scatter_list")
-            _same_shapes(inputs, tuple(out.shape), "scatter", "scatter_list entry")
             x = jnp.stack([to_jax(t) for t in inputs])
         else:
             x = jnp.zeros((g, *tuple(out.shape)), to_jax_dtype(out.dtype))
@@ -302,14 +416,23 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- all-to-all ------------------------------------------------------------------------------------
     def alltoall(self, outputs, inputs, opts=None):
-        _check([*outputs, *inputs], "all_to_all")
-        self._check_count(outputs, "all_to_all", "output_tensor_list")
-        self._check_count(inputs, "all_to_all", "input_tensor_list")
-        shapes = {tuple(t.shape) for t in (*outputs, *inputs)}
-        dtypes = {t.dtype for t in (*outputs, *inputs)}
-        if len(dtypes) > 1:
-            raise ValueError(f"tpu_dist all_to_all: tensors of several dtypes {sorted(map(str, dtypes))}")
+        def validate():
+            _check([*outputs, *inputs], "all_to_all")
+            self._check_count(outputs, "all_to_all", "output_tensor_list")
+            self._check_count(inputs, "all_to_all", "input_tensor_list")
+            _same_dtypes([*outputs, *inputs], "all_to_all")
+            return {
+                "input_shapes": [list(t.shape) for t in inputs],
+                "output_shapes": [list(t.shape) for t in outputs],
+                "dtype": _dtype_name(inputs[0].dtype),
+            }
+
+        sigs = self._agree("all_to_all", validate, self._exchange_fits("input_shapes", "output_shapes"))
         jnp = platform.jax().numpy
+        if sigs is None:
+            shapes = {tuple(t.shape) for t in (*outputs, *inputs)}
+        else:
+            shapes = {tuple(s) for sig in sigs for s in (*sig["input_shapes"], *sig["output_shapes"])}
         if len(shapes) == 1:
             y = self._run(programs.all_to_all_body(), jnp.stack([to_jax(t) for t in inputs]))
             for j, o in enumerate(outputs):
@@ -317,49 +440,111 @@ class ProcessGroupTPU(dist.ProcessGroup):
             return self._work([y], list(outputs), "all_to_all")
         # chunks of different sizes: as one uneven all_to_all_single of the flattened chunks
         flat_in = jnp.concatenate([to_jax(t).reshape(-1) for t in inputs])
-        y = self._uneven(flat_in, [t.numel() for t in inputs], [t.numel() for t in outputs], "all_to_all")
+        longest = None
+        if sigs is not None:
+            longest = max(_numel(s) for sig in sigs for s in (*sig["input_shapes"], *sig["output_shapes"]))
+        y = self._uneven(
+            flat_in, [t.numel() for t in inputs], [t.numel() for t in outputs], "all_to_all", longest=longest
+        )
         start = 0
         for o in outputs:
             write(o, y[start : start + o.numel()].reshape(tuple(o.shape)))
             start += o.numel()
         return self._work([y], list(outputs), "all_to_all")
 
+    def _exchange_fits(self, sent: str, received: str):
+        """Consistency of an all-to-all: equal dtypes (and rows), and what rank i sends rank j (its
+        `sent`[j]) is what rank j expects from rank i (its `received`[i])."""
+
+        def consistent(sigs: list[dict]) -> str | None:
+            why = _equal_except(sent, received)(sigs)
+            if why:
+                return why
+            bad = []
+            for i, si in enumerate(sigs):
+                for j, sj in enumerate(sigs):
+                    a, b = si[sent][j], sj[received][i]
+                    if (_numel(a) if isinstance(a, list) else a) != (_numel(b) if isinstance(b, list) else b):
+                        bad.append(
+                            f"rank {self._ranks[i]} sends rank {self._ranks[j]} {_size(a)} but rank "
+                            f"{self._ranks[j]} expects {_size(b)} from rank {self._ranks[i]}"
+                        )
+            return "; ".join(bad[:6]) if bad else None
+
+        return consistent
+
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):  # noqa: A002
-        _check([output, input], "all_to_all_single")
         g = len(self._ranks)
-        if output.dtype != input.dtype:
-            raise ValueError(
-                f"tpu_dist all_to_all_single: output is {output.dtype} but input is {input.dtype}"
-            )
-        if not output_split_sizes and not input_split_sizes:
-            if input.shape[0] % g or output.shape != input.shape:
+
+        def validate():
+            _check([output, input], "all_to_all_single")
+            if output.dtype != input.dtype:
+                raise ValueError(
+                    f"tpu_dist all_to_all_single: output is {output.dtype} but input is {input.dtype}"
+                )
+            if tuple(output.shape[1:]) != tuple(input.shape[1:]):
+                raise ValueError(
+                    f"tpu_dist all_to_all_single: input {tuple(input.shape)} and output {tuple(output.shape)} "
+                    "must have equal sizes past dim 0"
+                )
+            if not output_split_sizes and not input_split_sizes and output.shape != input.shape:
                 raise ValueError(
                     f"tpu_dist all_to_all_single: without split sizes, input {tuple(input.shape)} and output "
-                    f"{tuple(output.shape)} must be equal and dim 0 divisible by world_size ({g})"
+                    f"{tuple(output.shape)} must have equal shapes"
                 )
+            in_splits = list(input_split_sizes) or _even(input.shape[0], g, "input", "all_to_all_single")
+            out_splits = list(output_split_sizes) or _even(output.shape[0], g, "output", "all_to_all_single")
+            for name, splits, t in (("input", in_splits, input), ("output", out_splits, output)):
+                if len(splits) != g or sum(splits) != t.shape[0] or min(splits) < 0:
+                    raise ValueError(
+                        f"tpu_dist all_to_all_single: {name}_split_sizes {splits} must be {g} sizes >= 0 adding "
+                        f"up to the {name}'s dim 0 ({t.shape[0]})"
+                    )
+            return {
+                "input_split_sizes": in_splits,
+                "output_split_sizes": out_splits,
+                "row_shape": list(input.shape[1:]),
+                "dtype": _dtype_name(input.dtype),
+            }
+
+        sigs = self._agree(
+            "all_to_all_single", validate, self._exchange_fits("input_split_sizes", "output_split_sizes")
+        )
+        in_splits = list(input_split_sizes) or [input.shape[0] // g] * g
+        out_splits = list(output_split_sizes) or [output.shape[0] // g] * g
+        if sigs is None:
+            even = not output_split_sizes and not input_split_sizes
+        else:  # one path for every rank: even only when every chunk of every rank has one length
+            even = len({n for s in sigs for n in (*s["input_split_sizes"], *s["output_split_sizes"])}) == 1
+        if even:
             x = to_jax(input).reshape((g, input.shape[0] // g, *tuple(input.shape[1:])))
             y = self._run(programs.all_to_all_body(), x).reshape(tuple(output.shape))
             write(output, y)
             return self._work([y], [output], "all_to_all_single")
-        in_splits = list(input_split_sizes) or _even(input.shape[0], g, "input", "all_to_all_single")
-        out_splits = list(output_split_sizes) or _even(output.shape[0], g, "output", "all_to_all_single")
-        for name, splits, t in (("input", in_splits, input), ("output", out_splits, output)):
-            if len(splits) != g or sum(splits) != t.shape[0] or min(splits) < 0:
-                raise ValueError(
-                    f"tpu_dist all_to_all_single: {name}_split_sizes {splits} must be {g} sizes >= 0 adding up to "
-                    f"the {name}'s dim 0 ({t.shape[0]})"
-                )
+        longest = None
+        if sigs is not None:
+            longest = max(n for s in sigs for n in (*s["input_split_sizes"], *s["output_split_sizes"]))
         row = tuple(input.shape[1:])
-        y = self._uneven(to_jax(input), in_splits, out_splits, "all_to_all_single", row)
+        y = self._uneven(to_jax(input), in_splits, out_splits, "all_to_all_single", row, longest)
         write(output, y)
         return self._work([y], [output], "all_to_all_single")
 
-    def _uneven(self, x, in_splits: list[int], out_splits: list[int], collective: str, row: tuple = ()):
+    def _uneven(
+        self,
+        x,
+        in_splits: list[int],
+        out_splits: list[int],
+        collective: str,
+        row: tuple = (),
+        longest: int | None = None,
+    ):
         """all_to_all with chunks of different lengths along dim 0: pad every chunk to the longest chunk
-        of any rank (agreed with one tiny pmax), exchange, cut the padding off."""
+        of any rank (known from the agreement, else agreed with one tiny pmax), exchange, cut the padding
+        off."""
         jnp = platform.jax().numpy
-        local_max = max([0, *in_splits, *out_splits])
-        longest = int(self._run(programs.max_body(), jnp.asarray([local_max], dtype=jnp.int64))[0])
+        if longest is None:
+            local_max = max([0, *in_splits, *out_splits])
+            longest = int(self._run(programs.max_body(), jnp.asarray([local_max], dtype=jnp.int64))[0])
         if longest == 0:
             return jnp.zeros((0, *row), x.dtype)
         packed = _pack(tuple(in_splits), longest)(x)
@@ -368,6 +553,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
     # -- synchronization and point-to-point ------------------------------------------------------------
     def barrier(self, opts=None):
+        self._agree("barrier", dict)
         jnp = platform.jax().numpy
         y = self._run(programs.all_reduce_body("sum", "int", len(self._ranks)), jnp.zeros((1,), jnp.int32))
         y.block_until_ready()
@@ -385,7 +571,8 @@ class ProcessGroupTPU(dist.ProcessGroup):
         _check([t], "send")
         me, peer = self._ranks[self._group_rank], self._peer(dst, "send")
         x = to_jax(t)
-        future = _direction(me, peer).submit(programs.run, (me, peer), programs.send_body(), x)
+        pair = self._pair_check(me, peer, "send", t)
+        future = _direction(me, peer).submit(_exchange, pair, (me, peer), x)
         return TpuWork(join_future(future), [t], "send")
 
     def recv(self, tensors, src: int, tag: int = 0):
@@ -394,13 +581,71 @@ class ProcessGroupTPU(dist.ProcessGroup):
         me, peer = self._ranks[self._group_rank], self._peer(src, "recv")
         jnp = platform.jax().numpy
         x = jnp.zeros(tuple(t.shape), to_jax_dtype(t.dtype))
-        future = _direction(peer, me).submit(programs.run, (peer, me), programs.send_body(), x)
+        pair = self._pair_check(peer, me, "recv", t)
+        future = _direction(peer, me).submit(_exchange, pair, (peer, me), x)
         return TpuWork(join_future(future, lambda y: write(t, y)), [t], "recv")
+
+    def _pair_check(self, sender: int, receiver: int, role: str, t: torch.Tensor):
+        """The send/recv agreement of this message (numbered in its direction's order now, run on the
+        direction's thread before the exchange), or None when the exchange is off."""
+        if not self._agreement.active:
+            return None
+        with _executors_lock:
+            seq = _p2p_seq[(sender, receiver)] = _p2p_seq.get((sender, receiver), -1) + 1
+        return functools.partial(self._agreement.pair, sender, receiver, seq, role, _sig([t]))
 
     def recv_anysource(self, tensors, tag: int = 0):
         raise NotImplementedError(
             "tpu_dist recv: a receive from any source (src=None) is not supported; name the sender rank"
         )
+
+
+_p2p_seq: dict[tuple[int, int], int] = {}  # messages numbered per (sender, receiver)
+
+
+def _exchange(pair, ranks: tuple, x):
+    """A direction's thread: agree with the peer on the message (`pair`), then move it."""
+    if pair is not None:
+        pair()
+    try:
+        return programs.run(ranks, programs.send_body(), x)
+    except Exception as exc:  # noqa: BLE001
+        raise peer_failure("send/recv", ranks, exc) from exc
+
+
+def _all_equal(sigs: list[dict]) -> str | None:
+    return _equal_except()(sigs)
+
+
+def _equal_except(*free: str):
+    """A consistency check: every rank's signature equal, but for the fields `free`."""
+
+    def consistent(sigs: list[dict]) -> str | None:
+        keys = sorted({k for s in sigs for k in s if k not in free and k != "op_name"})
+        differ = [k.replace("_", " ") for k in keys if len({json.dumps(s.get(k)) for s in sigs}) > 1]
+        return f"{' and '.join(differ)} differ{'s' if len(differ) == 1 else ''}" if differ else None
+
+    return consistent
+
+
+def _same_dtypes(tensors, collective: str) -> None:
+    dtypes = {t.dtype for t in tensors}
+    if len(dtypes) > 1:
+        raise ValueError(
+            f"tpu_dist {collective}: tensors of several dtypes ({', '.join(sorted(map(_dtype_name, dtypes)))}); "
+            "the tensors of one collective must share one dtype"
+        )
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _size(x) -> str:
+    return f"shape {tuple(x)}" if isinstance(x, list) else f"{x} rows"
 
 
 def _even(n: int, g: int, what: str, collective: str) -> list[int]:

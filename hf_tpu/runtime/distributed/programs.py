@@ -36,7 +36,7 @@ def group_mesh(ranks: tuple):
     return Mesh(chips, (AXIS,), axis_types=(AxisType.Auto,))
 
 
-def _block_sharding(ranks: tuple):
+def block_sharding(ranks: tuple):
     from jax.sharding import NamedSharding, PartitionSpec
 
     return NamedSharding(group_mesh(ranks), PartitionSpec(AXIS))
@@ -52,23 +52,33 @@ def _jitted(ranks: tuple, body: Callable, n_inputs: int):
     return jax.jit(mapped)
 
 
+def to_global(ranks: tuple, a):
+    """This process's array `a` as its block of a global (G, *a.shape) array over the group's mesh."""
+    jax = platform.jax()
+    a = jax.device_put(a, process_chip(jax.process_index()))
+    block = a.reshape((1,) + tuple(a.shape))
+    return jax.make_array_from_single_device_arrays(
+        (len(ranks),) + tuple(a.shape), block_sharding(ranks), [block]
+    )
+
+
+def local_block(out):
+    """This process's block of a global result, without its leading 1."""
+    local = out.addressable_shards[0].data
+    return local.reshape(tuple(local.shape[1:]))
+
+
+# eager collective programs run so far (a compiled graph's collectives do not add to it)
+stats = {"runs": 0}
+
+
 def run(ranks: tuple, body: Callable, *local_arrays):
     """Run `body` (per-rank blocks of shape (1, *local shape) in, one block out) over the group's mesh;
     returns this process's block of the result without its leading 1. Dispatch is asynchronous."""
-    jax = platform.jax()
-    me = jax.process_index()
-    chip = process_chip(me)
-    sharding = _block_sharding(ranks)
-    global_inputs = []
-    for a in local_arrays:
-        a = jax.device_put(a, chip)
-        block = a.reshape((1,) + tuple(a.shape))
-        global_inputs.append(
-            jax.make_array_from_single_device_arrays((len(ranks),) + tuple(a.shape), sharding, [block])
-        )
+    global_inputs = [to_global(ranks, a) for a in local_arrays]
     out = _jitted(ranks, body, len(local_arrays))(*global_inputs)
-    local = out.addressable_shards[0].data
-    return local.reshape(tuple(local.shape[1:]))
+    stats["runs"] += 1
+    return local_block(out)
 
 
 # -- bodies: pure functions of the per-rank block, cached so equal collectives share one program ------

@@ -5,6 +5,10 @@ Runs at `import torch` (through the device's autoload): no JAX here, only names 
 
 from __future__ import annotations
 
+import contextvars
+import functools
+import inspect
+
 import torch.distributed as dist
 
 from hf_tpu.runtime.buffers import platform
@@ -24,7 +28,7 @@ def _create(backend_opts, pg_options=None):
         joined = bootstrap.join_for_process_group(rank, size, backend_opts.store)
         if not ranks:
             ranks = tuple(range(joined.world_size))
-    return ProcessGroupTPU(rank, ranks)
+    return ProcessGroupTPU(rank, ranks, backend_opts.store, backend_opts.timeout)
 
 
 def local_index_ok(index: int) -> bool:
@@ -47,10 +51,53 @@ def local_device_names() -> int:
     return 0
 
 
+# the `world_size` of the init_process_group call under way in this thread/task (0: none, or not given)
+_world_size_initializing: contextvars.ContextVar[int] = contextvars.ContextVar(
+    "tpu_dist_world_size_initializing", default=0
+)
+
+
+def world_size_being_initialized() -> int:
+    """The `world_size` argument of an `init_process_group` that is running right now (else 0).
+
+    Under `mp.spawn` nothing in the env says how many processes there are before the group exists, yet
+    torch checks `device_id=tpu:rank` against `torch.accelerator.device_count()` inside that call; for
+    tpu_dist that index names the process's own device, so the job's size is the right bound.
+    """
+    return _world_size_initializing.get()
+
+
+def _wrap_init_process_group() -> None:
+    """Make `init_process_group` publish its `world_size` while it runs (`world_size_being_initialized`)."""
+    c10d = dist.distributed_c10d
+    original = c10d.init_process_group
+    if getattr(original, "__hf_tpu_wrapped__", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        try:
+            size = signature.bind(*args, **kwargs).arguments.get("world_size", -1)
+        except TypeError:  # torch reports bad arguments itself
+            size = -1
+        token = _world_size_initializing.set(size if isinstance(size, int) and size > 0 else 0)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _world_size_initializing.reset(token)
+
+    init_process_group.__hf_tpu_wrapped__ = True
+    c10d.init_process_group = init_process_group
+    if dist.init_process_group is original:
+        dist.init_process_group = init_process_group
+
+
 def register() -> None:
     """Register the backend (idempotent) and the platform hooks."""
     if _registered[0]:
         return
+    _wrap_init_process_group()
     if BACKEND_NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["tpu"])
     platform.BEFORE_BACKEND_INIT.append(bootstrap.before_backend_init)

@@ -65,12 +65,18 @@ class TpuWork(dist.Work):
         return fut
 
 
-def block_on(arrays: list) -> Callable[[float | None], None]:
-    """A finisher that waits for device arrays (collectives are already dispatched, asynchronously)."""
+def block_on(arrays: list, explain: Callable[[BaseException], BaseException] | None = None):
+    """A finisher that waits for device arrays (collectives are already dispatched, asynchronously);
+    `explain(exc)` turns a failure into the error to raise."""
 
     def finish(timeout: float | None) -> None:
-        for a in arrays:
-            a.block_until_ready()
+        try:
+            for a in arrays:
+                a.block_until_ready()
+        except Exception as exc:  # noqa: BLE001
+            if explain is None:
+                raise
+            raise explain(exc) from exc
 
     return finish
 

@@ -1,0 +1,249 @@
+"""Functional collectives inside `torch.compile(backend="tpu")`: the whole graph as one SPMD program.
+
+`torch.distributed._functional_collectives` reach a compiled graph as `_c10d_functional` ops
+(`all_reduce`, `all_gather_into_tensor`, `reduce_scatter_tensor`, `all_to_all_single`, `broadcast`, their
+coalesced forms, `wait_tensor`). Their lowerings here are the JAX collectives tpu_dist's eager programs use
+(`programs.py`), over the axis of the group's mesh (one chip per process). They only mean something inside
+that mesh, so a graph holding them runs as `jit(shard_map(graph))` over the group (`SpmdProgram`): each
+process's inputs are its blocks of global arrays, and the graph's own ops, the collectives included,
+compile into one executable that every process of the group runs. Before each call the ranks agree on the
+inputs' shapes and dtypes (agreement.py), so a mismatch is a clear error rather than an abort.
+
+Graphs whose collectives span several groups, or exchange uneven all_to_all splits (each rank would
+compile a different program), are left to the compile backend's op-by-op path (`spmd_plan` says why).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.distributed as dist
+
+from hf_tpu.runtime.buffers import platform
+from hf_tpu.runtime.distributed import programs
+from hf_tpu.runtime.lowerings.table import lowers
+
+NAMESPACE = "_c10d_functional"
+# how many SPMD executables were compiled and how many calls ran them (tests and users read these)
+stats = {"compiled": 0, "calls": 0}
+_stats_lock = threading.Lock()
+
+
+def _kind(dtype) -> str:
+    jnp = platform.jax().numpy
+    if dtype == jnp.bool_:
+        return "bool"
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return "complex"
+    if jnp.issubdtype(dtype, jnp.floating):
+        return "float"
+    return "int"
+
+
+def _group(group_name):
+    from torch._C._distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(str(group_name))
+
+
+def _ranks(group_name) -> tuple:
+    pg = _group(group_name)
+    ranks = getattr(pg, "_ranks", None)
+    return tuple(ranks) if ranks is not None else tuple(dist.get_process_group_ranks(pg))
+
+
+def _op(reduce_op: str) -> str:
+    op = str(reduce_op).lower()
+    if op not in ("sum", "avg", "max", "min", "product", "band", "bor", "bxor"):
+        raise ValueError(f"tpu_dist compiled all_reduce: reduce op {reduce_op!r} is not supported in a graph")
+    return op
+
+
+# -- lowerings (traced inside the group's shard_map: the axis `programs.AXIS` is bound) -----------------
+def _all_reduce(x, reduce_op, group_name):
+    g = len(_ranks(group_name))
+    return programs.all_reduce_body(_op(reduce_op), _kind(x.dtype), g)(x[None])[0]
+
+
+def _all_gather(x, group_size, group_name):
+    y = programs.all_gather_body()(x[None])[0]  # (G, *x.shape)
+    return y.reshape((y.shape[0] * x.shape[0], *x.shape[1:])) if x.ndim else y
+
+
+def _reduce_scatter(x, reduce_op, group_size, group_name):
+    g = len(_ranks(group_name))
+    return programs.reduce_scatter_body(_op(reduce_op), _kind(x.dtype), g)(x[None])[0]
+
+
+@lowers(f"{NAMESPACE}::all_reduce", graph=True)
+def all_reduce(x, reduce_op, group_name):
+    return _all_reduce(x, reduce_op, group_name)
+
+
+@lowers(f"{NAMESPACE}::all_reduce_coalesced", graph=True)
+def all_reduce_coalesced(xs, reduce_op, group_name):
+    return [_all_reduce(x, reduce_op, group_name) for x in xs]
+
+
+@lowers(f"{NAMESPACE}::all_gather_into_tensor", graph=True)
+def all_gather_into_tensor(x, group_size, group_name):
+    return _all_gather(x, group_size, group_name)
+
+
+@lowers(f"{NAMESPACE}::all_gather_into_tensor_coalesced", graph=True)
+def all_gather_into_tensor_coalesced(xs, group_size, group_name):
+    return [_all_gather(x, group_size, group_name) for x in xs]
+
+
+@lowers(f"{NAMESPACE}::reduce_scatter_tensor", graph=True)
+def reduce_scatter_tensor(x, reduce_op, group_size, group_name):
+    return _reduce_scatter(x, reduce_op, group_size, group_name)
+
+
+@lowers(f"{NAMESPACE}::reduce_scatter_tensor_coalesced", graph=True)
+def reduce_scatter_tensor_coalesced(xs, reduce_op, group_size, group_name):
+    return [_reduce_scatter(x, reduce_op, group_size, group_name) for x in xs]
+
+
+@lowers(f"{NAMESPACE}::all_to_all_single", graph=True)
+def all_to_all_single(x, output_split_sizes, input_split_sizes, group_name):
+    g = len(_ranks(group_name))
+    y = programs.all_to_all_body()(x.reshape((1, g, x.shape[0] // g, *x.shape[1:])))[0]
+    return y.reshape(x.shape)
+
+
+@lowers(f"{NAMESPACE}::broadcast", graph=True)
+def broadcast(x, src, group_name):
+    return programs.pick_body(int(src))(x[None])[0]
+
+
+@lowers(f"{NAMESPACE}::wait_tensor", graph=True)
+def wait_tensor(x):
+    return x  # inside one program the collective's result is simply there
+
+
+# -- which graphs run as one SPMD program ------------------------------------------------------------
+def _collective_nodes(gm: torch.fx.GraphModule):
+    for sub in gm.modules():
+        if not isinstance(sub, torch.fx.GraphModule):
+            continue
+        for node in sub.graph.nodes:
+            target = node.target
+            if node.op == "call_function" and isinstance(target, torch._ops.OpOverload):
+                if target.namespace == NAMESPACE:
+                    yield node
+
+
+def spmd_plan(gm: torch.fx.GraphModule) -> tuple[tuple | None, str | None]:
+    """((ranks, group name) of the one group the graph's collectives run over, None) for a graph to run as
+    one SPMD program; (None, None) for a graph without collectives; (None, why) when its collectives
+    cannot be one program (the compile backend then runs the graph op by op, where every collective works)."""
+    groups = {}
+    for node in _collective_nodes(gm):
+        name = node.target.name()
+        if node.target is torch.ops._c10d_functional.wait_tensor.default:
+            continue
+        group_name = node.args[-1] if node.args else node.kwargs.get("group_name")
+        try:
+            ranks = _ranks(group_name)
+        except Exception as exc:  # noqa: BLE001
+            return None, f"{name} (group {group_name!r} unknown: {exc})"
+        if "all_to_all_single" in name:
+            splits = {int(s) for s in (*node.args[1], *node.args[2])}
+            if len(splits) > 1:
+                return None, f"{name} (uneven split sizes: every rank would compile its own program)"
+        groups[ranks] = str(group_name)
+    if not groups:
+        return None, None
+    if len(groups) > 1:
+        return None, f"{NAMESPACE} collectives over several groups ({sorted(groups)}) in one graph"
+    ((ranks, group_name),) = groups.items()
+    me = platform.jax().process_index()
+    if me not in ranks:
+        return (
+            None,
+            f"{NAMESPACE} collectives over group {list(ranks)}, which this process (rank {me}) is not in",
+        )
+    return (ranks, group_name), None
+
+
+class SpmdProgram:
+    """`fn(keys, *arrays)` (a graph's interpreter) as `jit(shard_map(fn))` over the group's mesh: called
+    with this process's values, returns this process's results. `static` are the argument indices (of
+    fn's signature) that are Python values, compiled in; `plan` is `spmd_plan`'s (ranks, group name)."""
+
+    def __init__(self, fn, plan: tuple, static: tuple, name: str) -> None:
+        self._fn = fn
+        self._ranks, self._group_name = plan
+        self._static = frozenset(static)
+        self._name = name
+        self._compiled: dict = {}
+
+    def _cache_size(self) -> int:  # read like jax.jit's by the compile backend's recompile warning
+        return len(self._compiled)
+
+    def _agree(self, dynamic: list) -> None:
+        """Every rank's inputs must have equal shapes and dtypes (else each would compile its own program
+        and the collectives inside would abort or hang): a clear error on every rank instead."""
+        agreement = getattr(_group(self._group_name), "_agreement", None)
+        if agreement is None or not agreement.active:
+            return
+        what = f"compiled graph {self._name}"
+        mine = {
+            "input_shapes": [list(a.shape) for a in dynamic],
+            "input_dtypes": [str(a.dtype) for a in dynamic],
+        }
+        sigs = agreement.exchange(what, mine)
+        differ = [k for k in ("op_name", *mine) if len({str(s.get(k)) for s in sigs}) > 1]
+        if differ:
+            raise agreement.mismatch(
+                what, sigs, f"{' and '.join(k.replace('_', ' ') for k in differ)} differ"
+            )
+
+    def _program(self, args: tuple):
+        """(the jitted shard_map for these arguments' statics, shapes and dtypes, the dynamic arguments)."""
+        jax = platform.jax()
+        from jax.sharding import PartitionSpec
+
+        statics = tuple((i, a) for i, a in enumerate(args) if i in self._static or a is None)
+        dynamic_at = tuple(i for i, a in enumerate(args) if not (i in self._static or a is None))
+        dynamic = [args[i] for i in dynamic_at]
+        key = (statics, dynamic_at, tuple((tuple(a.shape), str(a.dtype)) for a in dynamic))
+        compiled = self._compiled.get(key)
+        if compiled is None:
+            fn, n_args = self._fn, len(args)
+            fixed = dict(statics)
+
+            def body(*blocks):
+                full, it = [], iter(blocks)
+                for i in range(n_args):
+                    full.append(fixed[i] if i in fixed else next(it)[0])
+                return tuple(o[None] for o in fn(*full))
+
+            spec = PartitionSpec(programs.AXIS)
+            mapped = jax.shard_map(
+                body, mesh=programs.group_mesh(self._ranks), in_specs=(spec,) * len(dynamic), out_specs=spec
+            )
+            compiled = self._compiled[key] = jax.jit(mapped)
+            with _stats_lock:
+                stats["compiled"] += 1
+        return compiled, dynamic
+
+    def __call__(self, *args):
+        compiled, dynamic = self._program(args)
+        self._agree(dynamic)
+        outs = compiled(*[programs.to_global(self._ranks, a) for a in dynamic])
+        with _stats_lock:
+            stats["calls"] += 1
+        return tuple(programs.local_block(o) for o in outs)
+
+    def lower(self, *args):
+        """As `jax.jit(...).lower`: the executable for these (abstract) arguments, over the group's mesh
+        (`GraphProgram.compiled_text` shows its HLO, collectives included)."""
+        jax = platform.jax()
+        compiled, dynamic = self._program(args)
+        sharding = programs.block_sharding(self._ranks)
+        return compiled.lower(
+            *[jax.ShapeDtypeStruct((len(self._ranks), *a.shape), a.dtype, sharding=sharding) for a in dynamic]
+        )
