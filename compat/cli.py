@@ -280,6 +280,7 @@ def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
             mem_limit_mb=args.mem_limit_mb,
             tier=args.tier,
             compile_backend=args.compile_backend,
+            hub_max_params=args.hub_max_params,
         )
     except ValueError as e:  # the runner's own checks of its arguments
         print(f"error: {e}", file=sys.stderr)
@@ -427,6 +428,12 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mem-limit-mb", type=int, default=4096, help="memory cap per worker")
     p.add_argument("--tier", choices=["offline", "hub"], default="offline")
     p.add_argument(
+        "--hub-max-params",
+        type=int,
+        default=500_000_000,  # compat.materialize.DEFAULT_HUB_MAX_PARAMS (imported lazily)
+        help="hub tier: models with more parameters are skipped before their weights are downloaded",
+    )
+    p.add_argument(
         "--compile-backend",
         default=None,
         help="torch.compile backend for the compiled mode (default: tpu on the tpu device, aot_eager elsewhere)",
@@ -517,8 +524,17 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+    from compat.results import ResultsWriteError
+
     try:
         return int(args.func(args) or 0)
+    except ResultsWriteError as e:  # disk full, file-size limit, read-only folder: no traceback, resumable
+        print(
+            f"compat: {e.strerror} (errno {e.errno}). Every result written before is whole and kept; make room "
+            "(or make the folder writable), then rerun the same command with --resume.",
+            file=sys.stderr,
+        )
+        return 74  # EX_IOERR
     except KeyboardInterrupt as e:
         from compat.interrupt import RunInterrupted
 

@@ -15,6 +15,12 @@ misbehaving only while the worker runs it on the target ("target" phase):
     bad-inputs    input builder fails                -> harness_error
     slow-<sec>    sleeps <sec> seconds per target call, then passes (for kill/resume tests)
 
+and, unlike those, real modules that behave the same wherever they run (nothing injected; attribution
+re-runs them on CPU like any model):
+
+    hash-tensor   returns torch.hash_tensor of its input beside the logits: CPU has the op, hf_tpu has
+                  no lowering for it (a failure on tpu only)
+
 A ``#suffix`` makes distinct ids with the same behaviour: ``fake/slow-0.1#3``.
 """
 
@@ -29,6 +35,7 @@ import torch
 from compat.errors import InputError
 
 PHASE = "reference"
+REAL_BEHAVIOURS = ("hash-tensor",)
 _NONDET_CALLS = [0]
 
 
@@ -50,6 +57,8 @@ class FakeModel(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
         b = self.behaviour
+        if b == "hash-tensor":
+            return {"logits": self.linear(x), "hash": torch.hash_tensor(x, dim=-1)}
         if b.startswith("slow-") and PHASE == "target":
             time.sleep(float(b.split("-", 1)[1]))
         elif b == "nondeterministic" and PHASE == "reference":

@@ -48,6 +48,10 @@ class Plan:
     config_source: str = "class-defaults"
     skip: str | None = None
     notes: list[str] = field(default_factory=list)
+    # hub tier: the commit the run pins, the repository files it fetches, their byte cap
+    revision: str | None = None
+    hub_files: list[str] = field(default_factory=list)
+    hub_max_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,10 +127,31 @@ def plan_entry(
     if tier not in ("offline", "hub"):
         raise HarnessError(f"{mid}: unknown tier {tier!r} (expected 'offline' or 'hub')")
     library = (entry.get("library") or "transformers").lower()
+    params = entry.get("params")
+    if tier == "hub" and isinstance(params, int | float) and params > hub_max_params:
+        # the sample's own estimate is enough: skipped without a single Hub request
+        plan = Plan(mid, library, str(entry.get("architecture") or ""), "", {}, tier)
+        plan.model_type, plan.architecture = entry.get("model_type"), entry.get("architecture")
+        plan.task, plan.modality = entry.get("task"), entry.get("modality")
+        plan.skip = f"{params:.3g} parameters exceed the hub-tier cap of {hub_max_params:.3g}"
+        plan.dedup_key = _key({"hub": mid})
+        return plan
+    resolved = None
     if library == "diffusers" or _is_diffusers_class(entry.get("architecture")):
         plan = _plan_diffusers(entry, tier)
     elif library in ("transformers", "sentence-transformers", "sentence_transformers", "peft"):
-        plan = _plan_transformers(entry, tier)
+        if tier == "hub":
+            from compat import hub
+
+            resolved = hub.resolve(mid, entry.get("revision"))
+            # an id named on the command line has no sample entry: what the Hub says fills the gaps
+            known = {
+                "architecture": resolved.architecture,
+                "model_type": resolved.model_type,
+                "task": resolved.pipeline_tag,
+            }
+            entry = {**entry, **{k: v for k, v in known.items() if not entry.get(k) and v}}
+        plan = _plan_transformers(entry, tier, resolved)
     elif library == "timm":
         plan = Plan(
             mid, "timm", str(entry.get("architecture")), "", {}, tier, skip="timm models are not run yet"
@@ -140,7 +165,7 @@ def plan_entry(
         setattr(plan, k, entry.get(k) or getattr(plan, k))
     plan.modality = plan.modality or infer_modality(plan)
     if tier == "hub":
-        _hub_check_size(plan, entry, hub_max_params)
+        _hub_check_size(plan, entry, hub_max_params, resolved)
         plan.dedup_key = _key({"hub": plan.model_id, "class": plan.model_class, "config": plan.config})
     else:
         plan.dedup_key = _key({"class": plan.model_class, "loader": plan.loader, "config": plan.config})
@@ -195,7 +220,7 @@ def _class_for_task(model_type: str, task: str | None, mid: str) -> str:
     raise HarnessError(f"{mid}: no model class for model_type {model_type!r} and task {task!r}")
 
 
-def _plan_transformers(entry: dict[str, Any], tier: str) -> Plan:
+def _plan_transformers(entry: dict[str, Any], tier: str, resolved: Any = None) -> Plan:
     import transformers
     from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
@@ -221,7 +246,10 @@ def _plan_transformers(entry: dict[str, Any], tier: str) -> Plan:
     source = "class-defaults"
     try:
         if tier == "hub":
-            config = AutoConfig.from_pretrained(mid)
+            from compat import hub
+
+            # config.json at the resolved commit, through the Hub cache (retried, bounded)
+            config = AutoConfig.from_pretrained(hub.local_config_dir(mid, resolved.sha))
             source = "hub"
         elif isinstance(entry.get("config"), dict):
             config = config_cls.from_dict(dict(entry["config"]))
@@ -230,6 +258,8 @@ def _plan_transformers(entry: dict[str, Any], tier: str) -> Plan:
             config = AutoConfig.for_model(model_type)
         else:
             config = config_cls()
+    except HarnessError:
+        raise
     except Exception as exc:  # config classes raise anything from ValueError to KeyError
         hint = _guess_field(str(exc), entry.get("config") if isinstance(entry.get("config"), dict) else {})
         raise HarnessError(
@@ -414,40 +444,53 @@ def infer_modality(plan: Plan) -> str:
 # ------------------------------------------------------------------------------------------------- hub tier
 
 
-def _hub_check_size(plan: Plan, entry: dict[str, Any], max_params: int) -> None:
-    """Skip models over the size cap: the sample's estimate first, then the Hub's safetensors metadata."""
+HUB_SLACK_BYTES = 64 * 2**20  # tokenizer and processor files beside the weights
+
+
+def _hub_check_size(plan: Plan, entry: dict[str, Any], max_params: int, resolved: Any = None) -> None:
+    """Skip models over the size cap (the sample's estimate, then the Hub's safetensors metadata, else the
+    weight files' sizes), before anything but config.json is downloaded; pin the commit and the files."""
     params = entry.get("params")
     if isinstance(params, int | float) and params > max_params:
         plan.skip = f"{params:.3g} parameters exceed the hub-tier cap of {max_params:.3g}"
         return
-    import huggingface_hub
+    if resolved is None:  # a diffusers entry: the Hub's metadata only
+        from compat import hub
 
-    try:
-        info = huggingface_hub.model_info(plan.model_id, files_metadata=True)
-    except Exception as exc:
-        raise HarnessError(
-            f"{plan.model_id}: cannot read Hub metadata: {type(exc).__name__}: {exc}"
-        ) from None
-    total = getattr(getattr(info, "safetensors", None), "total", None)
+        resolved = hub.resolve(plan.model_id, entry.get("revision"))
+    from compat import hub
+
+    files = hub.files_to_fetch(resolved)
+    total = resolved.parameters
     if not total:
-        sizes = [
-            getattr(s, "size", 0) or 0
-            for s in (getattr(info, "siblings", None) or [])
-            if str(getattr(s, "rfilename", "")).endswith((".safetensors", ".bin"))
-        ]
-        total = sum(sizes) // 4 if sizes else None  # bytes -> fp32 parameters (an upper bound for fp16)
+        wbytes = resolved.weight_bytes(files)
+        total = wbytes // 4 if wbytes else None  # bytes -> fp32 parameters (an upper bound for fp16)
     if total and total > max_params:
         plan.skip = f"{total:.3g} parameters exceed the hub-tier cap of {max_params:.3g}"
-    plan.notes.append(f"hub revision {getattr(info, 'sha', None)}; parameters {total}")
+    if plan.library == "transformers":  # diffusers repositories (subfolders per component) load by id
+        plan.revision, plan.hub_files = resolved.sha, files
+        plan.hub_max_bytes = 4 * max_params + HUB_SLACK_BYTES
+    plan.notes.append(f"hub revision {resolved.sha}; parameters {total}")
 
 
 # ------------------------------------------------------------------------------------- build & load (worker)
 
 
 def materialize(plan: Plan, cache_dir: str | os.PathLike[str]) -> str:
-    """Write the shrunk, seeded, randomly initialised model once per dedup key; return its path (or hub id)."""
-    if plan.tier == "hub" or plan.library == "fake":
+    """Write the shrunk, seeded, randomly initialised model once per dedup key; return its path. Hub tier:
+    the model's files at the pinned commit, fetched into the Hub cache (compat.hub); their snapshot folder."""
+    if plan.library == "fake":
         return plan.model_id
+    if plan.tier == "hub":
+        if not (plan.revision and plan.hub_files):  # diffusers on the hub tier: loaded by id
+            return plan.model_id
+        from compat import hub
+
+        folder, counts = hub.fetch(plan.model_id, plan.revision, plan.hub_files, plan.hub_max_bytes)
+        plan.notes.append(
+            f"hub files: {counts['downloaded']} downloaded, {counts['cached']} from the Hub cache"
+        )
+        return folder
     import torch
 
     root = Path(cache_dir)

@@ -49,6 +49,9 @@ class ModeResult:
     compile_backend: str | None = None
     tolerance: float | None = None  # set when the mode used its own (train: the suite's training tol)
     notes: list[str] = field(default_factory=list)
+    # for attribution (compat.attribution), never recorded: the exception itself, the CPU copy of a wrong output
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+    output: Any = field(default=None, repr=False, compare=False)
 
 
 def device_type(device: str) -> str:
@@ -193,6 +196,7 @@ def record_failure(res: ModeResult, exc: BaseException, phase: str, mode: str) -
     """A backend exception as data: oom / compile_fail / fail_to_run, the message and the missing op."""
     text = exception_chain_text(exc)
     res.phase, res.error_class, res.error = phase, type(exc).__name__, text
+    res.exception = exc
     res.missing_op = parse_missing_op(text)
     if _is_oom(exc):
         res.status = "oom"
@@ -256,6 +260,7 @@ def run_mode(
         res.comparison = cmp
         if not cmp.ok:
             res.status, res.phase, res.error = "fail_accuracy", phase, cmp.detail
+            res.output = out
     except ModeUnavailable as exc:
         res.status, res.phase, res.error = "skipped", phase, str(exc)
     except Exception as exc:  # every backend failure is data, never a crash of the harness

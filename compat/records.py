@@ -31,6 +31,8 @@ STATUSES = (
 # Statuses that say nothing about the backend: the harness (or the reference) could not run the model.
 NOT_BACKEND_STATUSES = frozenset({"harness_error", "skipped", "eager_nondeterministic"})
 
+CAUSES = ("upstream",)  # a failure's cause when it is not ours (see compat.attribution)
+
 ENTRY_FIELDS = ("model_type", "architecture", "task", "modality")
 
 
@@ -66,6 +68,10 @@ class Record:
     tier: str = "offline"
     date: str = field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"))
     notes: list[str] = field(default_factory=list)
+    # "upstream" when the failure reproduces on CPU without hf_tpu (compat.attribution), else None
+    cause: str | None = None
+    # the CPU re-run behind it: {"verdict": upstream|ours|inconclusive, "rerun", "detail", "seconds", ...}
+    attribution: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -74,6 +80,10 @@ class Record:
             )
         if self.mode not in MODES:
             raise ValueError(f"model {self.model_id!r}: unknown mode {self.mode!r}; expected one of {MODES}")
+        if self.cause is not None and self.cause not in CAUSES:
+            raise ValueError(
+                f"model {self.model_id!r}: unknown cause {self.cause!r}; expected one of {CAUSES}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -85,9 +85,11 @@ def tally(records: Iterable[dict]) -> dict[str, Any]:
     """
     by_status: Counter[str] = Counter()
     models_by_status: Counter[str] = Counter()
+    upstream = 0
     for r in records:
         by_status[r["status"]] += 1
         models_by_status[r["status"]] += len(covered_ids(r))
+        upstream += is_upstream(r)
     n = sum(by_status.values())
     n_models = sum(models_by_status.values())
     backend = n - sum(by_status[s] for s in NOT_BACKEND_STATUSES)
@@ -101,8 +103,38 @@ def tally(records: Iterable[dict]) -> dict[str, Any]:
         "rate": _rate(by_status["pass"], backend),
         "rate_models": _rate(models_by_status["pass"], backend_models),
         "rate_all": _rate(by_status["pass"], n - by_status["skipped"]),
+        # failures that reproduce on CPU without hf_tpu (compat.attribution) are counted apart from ours
+        "upstream": upstream,
+        "ours": backend - by_status["pass"] - upstream,
+        "rate_without_upstream": _rate(by_status["pass"], backend - upstream),
         "by_status": dict(sorted(by_status.items())),
     }
+
+
+def is_upstream(rec: dict) -> bool:
+    """A backend failure attributed upstream: it fails the same way on CPU without hf_tpu."""
+    return rec.get("cause") == "upstream" and rec.get("status") not in NOT_BACKEND_STATUSES | {"pass"}
+
+
+def upstream_failures(records: list[dict]) -> list[dict]:
+    """Every failure attributed upstream, with the CPU re-run that reproduced it."""
+    out = []
+    for r in sorted(records, key=lambda r: (r["model_id"], str(r.get("architecture")), r["mode"])):
+        if is_upstream(r):
+            att = r.get("attribution") or {}
+            out.append(
+                {
+                    "model_id": r["model_id"],
+                    "architecture": r.get("architecture"),
+                    "mode": r["mode"],
+                    "status": r["status"],
+                    "models": len(covered_ids(r)),
+                    "rerun": att.get("rerun"),
+                    "detail": (att.get("detail") or "")[:300],
+                    "error": (r.get("error") or "")[:300],
+                }
+            )
+    return out
 
 
 def group_by_mode(records: list[dict], key: str) -> dict[str, dict[str, dict]]:
@@ -178,6 +210,7 @@ def summarize(records: list[dict], results_dir: Path, architectures: Path | None
         "per_modality": group_by_mode(records, "modality"),
         "per_architecture": group_by_mode(records, "architecture"),
         "top_missing_ops": top_missing_ops(records),
+        "upstream_failures": upstream_failures(records),
         "graph_breaks": sum(int(r.get("graph_breaks") or 0) for r in records),
         "coverage": coverage(records, architectures),
     }
@@ -301,6 +334,10 @@ def render_markdown(
         f"**{t['attributed_models']} models** ({t['model_ids']} model ids, {t['architectures']} architectures).",
         f"- Pass rate: {_pct(o['rate'])} of results that reached the backend ({_pct(o['rate_models'])} of "
         f"attributed models); {_pct(o['rate_all'])} of all non-skipped results.",
+        f"- Failures on the backend: **{o['ours']} ours**, **{o['upstream']} upstream** (fail the same way on "
+        f"CPU without hf_tpu: "
+        + (", ".join(f"{m} {t['upstream']}" for m, t in s["per_mode"].items()) or "–")
+        + f"); pass rate without the upstream ones: {_pct(o['rate_without_upstream'])}.",
         "- Statuses: "
         + ", ".join(f"{k} {v}" for k, v in sorted(o["by_status"].items(), key=lambda kv: -kv[1]))
         + ".",
@@ -318,14 +355,14 @@ def render_markdown(
         "",
         "rate: pass / results that reached the backend; rate (models): the same over attributed models.",
         "",
-        "| mode | results | reached backend | models | pass | rate | rate (models) | statuses |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | results | reached backend | models | pass | rate | rate (models) | failures: ours / upstream | statuses |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for m, tm in s["per_mode"].items():
         statuses = ", ".join(f"{k} {v}" for k, v in tm["by_status"].items())
         lines.append(
             f"| {m} | {tm['results']} | {tm['reached']} | {tm['models']} | {tm['pass']} | {_pct(tm['rate'])} "
-            f"| {_pct(tm['rate_models'])} | {statuses} |"
+            f"| {_pct(tm['rate_models'])} | {tm['ours']} / {tm['upstream']} | {statuses} |"
         )
     lines.append("")
     if changes is not None:
@@ -349,6 +386,24 @@ def render_markdown(
         if changes["missing"]:
             lines.append(f"\nNot run tonight but run before: {len(changes['missing'])}.")
         lines.append("")
+    lines += [
+        "## Upstream failures",
+        "",
+        'Failures that reproduce on CPU without hf_tpu: compiled ones under `torch.compile(backend="aot_eager")`, '
+        "eager exceptions with each op's meta kernel checked first (see `compat/attribution.py`).",
+        "",
+    ]
+    ups = s.get("upstream_failures") or []
+    if ups:
+        lines += ["| model | architecture | mode | status | CPU re-run | why |", "|---|---|---|---|---|---|"]
+        for u in ups[:100]:
+            why = (u["detail"] or "").replace("|", "\\|").replace("\n", " ")[:200]
+            lines.append(
+                f"| {u['model_id']} | {u['architecture']} | {u['mode']} | {u['status']} | {u['rerun']} | {why} |"
+            )
+    else:
+        lines.append("No failure was attributed upstream.")
+    lines.append("")
     lines += ["## Top missing ops", ""]
     if s["top_missing_ops"]:
         lines += ["| op | models | results | modes | example |", "|---|---|---|---|---|"]

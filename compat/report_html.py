@@ -197,6 +197,7 @@ TEMPLATE = """<!doctype html>
 
 <div class="cards">
  <div class="card"><b>{{ pct(s.overall.rate) }}</b>pass rate (reached the backend)</div>
+ <div class="card"><b id="n-upstream">{{ s.overall.upstream }}</b>failures upstream (fail on CPU too), {{ s.overall.ours }} ours</div>
  <div class="card"><b>{{ s.totals.results }}</b>results</div>
  <div class="card"><b>{{ s.totals.unique_configs }}</b>unique configs</div>
  <div class="card"><b>{{ s.totals.attributed_models }}</b>attributed models</div>
@@ -290,6 +291,8 @@ def table_rows(records: list[dict]) -> list[dict]:
     for r in sorted(records, key=lambda r: (r["model_id"], str(r.get("architecture")), r["mode"])):
         times = r.get("times") or {}
         detail = r.get("missing_op") or ": ".join(x for x in (r.get("error_class"), r.get("error")) if x)
+        if r.get("cause") == "upstream":
+            detail = f"[upstream: fails on CPU too] {detail or ''}"
         mem = r.get("peak_mem_bytes")
         out.append(
             {

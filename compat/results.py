@@ -7,6 +7,7 @@ resumed run appends, so nothing finished is lost and nothing is written twice.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -15,6 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from compat.records import Record
+
+
+class ResultsWriteError(OSError):
+    """The results file cannot take another line (disk full, file-size limit, read-only folder)."""
 
 
 class ResultsWriter:
@@ -30,8 +35,19 @@ class ResultsWriter:
         rec = record if isinstance(record, Record) else Record.from_dict(record)
         line = (rec.to_json() + "\n").encode()
         with self._lock:
-            os.write(self._fd, line)
-            os.fsync(self._fd)
+            size = os.fstat(self._fd).st_size
+            try:
+                if os.write(self._fd, line) != len(line):
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                os.fsync(self._fd)
+            except OSError as exc:
+                try:  # a line cut short by the failure goes: the file keeps whole lines only
+                    os.ftruncate(self._fd, size)
+                except OSError:
+                    pass  # read_records(repair=True) drops a torn last line on --resume anyway
+                raise ResultsWriteError(
+                    exc.errno, f"cannot append to {self.path}: {exc.strerror or exc}"
+                ) from exc
 
     def close(self) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from compat.attribution import ATTRIBUTION_TIMEOUT_S
 from compat.executors import make_executor, select_shard
 from compat.interrupt import RunInterrupted, stop_on_signals
 from compat.materialize import DEFAULT_HUB_MAX_PARAMS, HarnessError, plan_entry
@@ -113,6 +114,9 @@ def run_models(
                 # the run's own work cache is dropped model by model (a 5,000-model run's checkpoints
                 # filled a disk); an explicit cache_dir is kept for reuse
                 t["keep_model"] = keep_models
+                # a failure's CPU re-run (compat.attribution) is bounded like a model, never longer
+                t["attribution_timeout_s"] = min(ATTRIBUTION_TIMEOUT_S, timeout_s)
+                t["mem_limit_mb"] = mem_limit_mb  # the re-run's process counts against the worker's cap
             if tasks and not stop.is_set():
                 config = WorkerConfig(
                     tier=tier,

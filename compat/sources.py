@@ -327,7 +327,8 @@ def fetch_hub(limit: int, libraries: Iterable[str] = LIBRARIES, api: Any = None)
         api = HfApi()
     by_id: dict[str, dict] = {}
     for lib in libraries:
-        for info in api.list_models(library=lib, sort="downloads", limit=limit, expand=HUB_EXPAND):
+        # a library is a filter tag (huggingface_hub 1.x dropped list_models' `library=`)
+        for info in api.list_models(filter=lib, sort="downloads", limit=limit, expand=HUB_EXPAND):
             by_id.setdefault(info.id, hub_record(info))
     return [by_id[k] for k in sorted(by_id)]
 

@@ -213,6 +213,8 @@ class WorkerHandle:
                     kind, payload = "eof", {}
                 if kind == "phase":
                     phase = payload
+                    # a phase with its own bound (attribution's CPU re-run) adds it to the model's time
+                    deadline += float(payload.get("extend_s") or 0)
                 elif kind == "record":
                     deliver(payload)
                 elif kind == "error":

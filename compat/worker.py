@@ -121,8 +121,10 @@ def _run_task(task: dict[str, Any], emit: Emit) -> None:
 
     from compat import fakes
     from compat.accuracy import exactly_equal, to_cpu
+    from compat.attribution import ATTRIBUTION_TIMEOUT_S, attribute, attribution_mb, rerun_for
     from compat.inputs import build_inputs, cast_floating, refit_image_tokens, strip_private
     from compat.materialize import HarnessError, Plan, load_model, materialize
+    from compat.modes import device_type as device_type_of
     from compat.modes import ensure_device, run_mode
     from compat.overrides import override_for
     from compat.records import Record, exception_chain_text
@@ -149,7 +151,7 @@ def _run_task(task: dict[str, Any], emit: Emit) -> None:
         all_modes("skipped", phase="plan", error=plan.skip)
         return
     tol = override_for(plan.model_type).tolerance or task.get("tolerance") or 1e-3
-    stage = "materialize"
+    stage = "download" if plan.tier == "hub" and not is_fake else "materialize"
     try:
         phase(stage)
         if is_fake:
@@ -234,6 +236,39 @@ def _run_task(task: dict[str, Any], emit: Emit) -> None:
                 task.get("compile_backend"),
                 on_phase=lambda p, _m=mode: phase(p, _m),
             )
+        attribution = None
+        real = not is_fake or plan.config.get("behaviour") in fakes.REAL_BEHAVIOURS
+        if real and device_type_of(device) != "cpu" and rerun_for(mode, res.status):
+            # the same model and inputs on CPU without hf_tpu: does PyTorch fail this way too?
+            budget = float(task.get("attribution_timeout_s") or ATTRIBUTION_TIMEOUT_S)
+            cap_mb = float(task.get("mem_limit_mb") or 0)
+            held_mb, need_mb = _rss() / 2**20, attribution_mb(path)
+            if cap_mb and held_mb + need_mb > 0.9 * cap_mb:
+                # the re-run's process counts against the worker's cap: past it, a mode that merely
+                # failed would be recorded as oom
+                attribution = {
+                    "verdict": "inconclusive",
+                    "rerun": None,
+                    "detail": f"not re-run on CPU: the worker holds {held_mb:.0f} MiB and the re-run needs "
+                    f"about {need_mb:.0f} MiB more, over 90% of the {cap_mb:.0f} MiB cap",
+                    "seconds": 0.0,
+                }
+            else:
+                emit("phase", {"phase": "attribution", "mode": mode, "extend_s": budget + 30})
+                attribution = attribute(
+                    plan=plan,
+                    path=path,
+                    kwargs=kwargs,
+                    mode=mode,
+                    status=res.status,
+                    exception=res.exception,
+                    device_output=res.output,
+                    ref=ref1,
+                    fp64=fp64,
+                    tol=res.tolerance or tol,
+                    timeout_s=budget,
+                )
+        res.exception = res.output = None
         cmp = res.comparison
         record(
             mode,
@@ -250,6 +285,8 @@ def _run_task(task: dict[str, Any], emit: Emit) -> None:
             tolerance=res.tolerance or tol,
             compile_backend=res.compile_backend,
             notes=notes + res.notes,
+            cause="upstream" if attribution and attribution["verdict"] == "upstream" else None,
+            attribution=attribution,
         )
         if is_fake:
             fakes.set_phase("reference")

@@ -54,6 +54,7 @@ def fake_runner(monkeypatch: pytest.MonkeyPatch) -> dict:
         mem_limit_mb,
         tier,
         compile_backend=None,
+        hub_max_params=None,
     ):
         calls.update(locals())
         arch = ("Arch", "type", "task", "text")
@@ -105,6 +106,7 @@ def test_run_hub_tier_passes_unknown_ids_through(
     assert rc == 0
     assert fake_runner["entries"][0]["id"] == "nobody/unknown"
     assert "the hub tier reads its config from the Hub" in capsys.readouterr().err
+    assert fake_runner["hub_max_params"] == 500_000_000  # the default cap, unless --hub-max-params
 
 
 def test_run_sample_resolution_errors(model_lists: Path, fake_runner: dict, tmp_path: Path, capsys) -> None:

@@ -72,10 +72,11 @@ SCAN = universe.DocScan(
 )  # fmt: skip
 
 
-def _fake_list_models(self, *, library=None, sort=None, limit=None, expand=None, **kwargs):
-    """HfApi.list_models replayed from the recorded pages (one JSON file per library)."""
+def _fake_list_models(self, *, filter=None, sort=None, limit=None, expand=None):
+    """HfApi.list_models replayed from the recorded pages (one JSON file per library); the signature is
+    the real one's subset (tests/compat/test_hub_tier.py runs the real one against a local Hub)."""
     assert sort == "downloads" and expand and "config" in expand
-    page = FIXTURES / "hub_api" / f"{library}.json"
+    page = FIXTURES / "hub_api" / f"{filter}.json"
     items = json.loads(page.read_text()) if page.exists() else []
     for item in items[:limit]:
         yield ModelInfo(**item)
