@@ -16,16 +16,9 @@ from pathlib import Path
 import psutil
 
 from compat.results import read_records
+from tests.compat.test_interrupt import _covered
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _covered(records: list[dict]) -> dict[tuple[str, str], int]:
-    out: dict[tuple[str, str], int] = {}
-    for r in records:
-        for mid in dict.fromkeys([r["model_id"], *(r.get("attributed_ids") or [])]):
-            out[(mid, r["mode"])] = out.get((mid, r["mode"]), 0) + 1
-    return out
 
 
 def _setup(tmp_path: Path, n: int, behaviour: str = "slow-0.3") -> tuple[list[dict], list[str], dict, Path]:
