@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from hf_tpu.runtime import native
 from hf_tpu.runtime.buffers.pending import LazyValue
 
 DEVICE = torch.device("tpu", 0)
@@ -25,6 +26,8 @@ _weak_ref = torch.UntypedStorage._weak_ref
 _expired = torch.UntypedStorage._expired
 _free_weak_ref = torch.UntypedStorage._free_weak_ref
 _construct = torch._C._construct_storage_from_data_pointer
+_native = native.load()
+_new_device_tensor = None if _native is None else _native.new_device_tensor
 
 
 class Payload:
@@ -117,6 +120,20 @@ class StorageRegistry:
         )
         if lazy:
             self._pending.append(ptr)
+
+    def new_tensor(self, shape: tuple, dtype: torch.dtype, nbytes: int, array) -> torch.Tensor:
+        """A fresh contiguous tpu tensor with `array` as its payload, made in one C++ call (the native
+        path's `adopt`: tensor, storage, fake pointer and weak reference at once)."""
+        lazy = type(array) is LazyValue
+        counted = not lazy and array is not None
+        ptr, sweep = self._reserve(nbytes, counted)
+        if sweep:
+            self.sweep()
+        t, weak = _new_device_tensor(ptr, nbytes, shape, dtype)
+        self._payloads[ptr] = Payload(weak, array, shape, dtype, nbytes, counted)
+        if lazy:
+            self._pending.append(ptr)
+        return t
 
     def materialize_pending(self) -> None:
         """After a flush: payloads whose LazyValue was computed now hold the array itself."""

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 
 from hf_tpu.runtime.buffers import platform
+from hf_tpu.runtime.buffers import storage as storage_module
 from hf_tpu.runtime.buffers.dtypes import check_platform_dtype, to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.buffers.memory import _fraction as _FRACTION
 from hf_tpu.runtime.buffers.memory import check_capacity
@@ -36,6 +37,7 @@ _set_storage = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispa
 _create = torch._C._acc.create_empty_tensor
 _payloads = REGISTRY._payloads
 _SWAP = hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+_NATIVE_NEW = storage_module._new_device_tensor is not None  # the C++ extension makes output tensors
 
 
 class DeviceMismatchError(RuntimeError):
@@ -62,6 +64,8 @@ def new_tensor(shape, dtype: torch.dtype, array=None) -> torch.Tensor:
         check_platform_dtype(dtype)
     elif _FRACTION[0] != 1.0:  # set_per_process_memory_fraction: every new buffer counts
         check_capacity(nbytes, array)
+    if _NATIVE_NEW:
+        return REGISTRY.new_tensor(shape, dtype, nbytes, array)
     t = _create(shape, dtype)
     if _SWAP:
         REGISTRY.adopt(t.untyped_storage(), nbytes, shape, dtype, array)
@@ -99,6 +103,8 @@ def wrap_spec(array, spec: tuple) -> torch.Tensor:
     """A new tpu tensor owning `array`, whose (shape tuple, torch dtype) `spec` is known: the op path's
     `wrap` (once per op output), minus the conversions."""
     shape, dtype = spec
+    if _NATIVE_NEW and _FRACTION[0] == 1.0:
+        return REGISTRY.new_tensor(shape, dtype, _numel(shape) * dtype.itemsize, array)
     if _SWAP and _FRACTION[0] == 1.0:
         t = _create(shape, dtype)
         REGISTRY.adopt(t.untyped_storage(), _numel(shape) * dtype.itemsize, shape, dtype, array)

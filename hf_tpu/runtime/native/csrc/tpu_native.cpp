@@ -318,6 +318,21 @@ py::tuple draw_default(uint64_t count) {
   return py::make_tuple(seed, offset);
 }
 
+// A contiguous tpu tensor whose storage holds fake pointer `fake_ptr` (a key of the Python storage
+// registry, never dereferenced) and a raw weak reference to that storage (what the registry keeps to
+// see it die): what every op output needs, in one call instead of five Python-level ones.
+py::tuple new_device_tensor(uint64_t fake_ptr, int64_t nbytes, c10::IntArrayRef shape, at::ScalarType dtype) {
+  c10::Storage storage(
+      c10::Storage::use_byte_size_t{}, nbytes,
+      c10::DataPtr(reinterpret_cast<void*>(fake_ptr), c10::Device(kTpu, 0)),
+      /*allocator=*/nullptr, /*resizable=*/false);
+  void* weak = c10::raw::intrusive_ptr::make_weak(storage.unsafeGetStorageImpl());
+  at::Tensor tensor = at::detail::make_tensor<at::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return py::make_tuple(tensor, reinterpret_cast<uintptr_t>(weak));
+}
+
 py::object default_generator_object() {
   return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator()));
 }
@@ -333,6 +348,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("draw", &draw, py::arg("generator"), py::arg("count") = 1,
         "(seed, first offset) for `count` draws from a tpu generator, reserved atomically");
   m.def("draw_default", &draw_default, py::arg("count") = 1, "draw() from the default generator");
+  m.def("new_device_tensor", &new_device_tensor, py::arg("fake_ptr"), py::arg("nbytes"), py::arg("shape"),
+        py::arg("dtype"), "(tensor, weak storage reference) for a fresh contiguous tpu tensor");
   m.def("pinned_bytes", []() { return PinnedHostAllocator::instance().bytes(); },
         "Bytes currently held by the pinned host allocator");
 }
