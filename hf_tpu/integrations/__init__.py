@@ -7,7 +7,8 @@ or at once if that module is already imported, or, for a module that was still e
 imported (it imported torch, whose autoload imports hf_tpu), at the first import after it finished. So
 import order never matters, and `import torch` does not pay for `import transformers`.
 
-Which module gets which patch is the `HOOKS` table below; the patches live in `accelerate.py`,
+Which module gets which patch is the `HOOKS` table below (the upstream releases they were verified with:
+`versions.py`, which warns once outside them); the patches live in `accelerate.py`,
 `transformers.py`, `transformers_sharding.py`, `diffusers.py`, `diffusers_sharding.py`, `diffusers_parallel.py`,
 `safetensors_torch.py`, `torch_dynamo.py` and `torch_flex_attention.py` next to this file.
 """
@@ -100,7 +101,12 @@ def _patch_function(ref: str) -> Callable[[ModuleType], None]:
 def apply_patches(module: ModuleType) -> None:
     """Run the patches registered for `module` (idempotent per module object)."""
     done: set = module.__dict__.setdefault("__hf_tpu_patched__", set())
-    for ref in HOOKS.get(module.__name__, ()):
+    refs = HOOKS.get(module.__name__, ())
+    if refs:
+        from hf_tpu.integrations import versions
+
+        versions.check(module.__name__.partition(".")[0])  # once per package: outside the verified range?
+    for ref in refs:
         if ref in done:
             continue
         done.add(ref)
