@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compat import report_html
 from compat.jsonl import read_jsonl
 from compat.records import MODES, NOT_BACKEND_STATUSES, STATUSES
 
@@ -342,6 +343,7 @@ def render_markdown(
         + ", ".join(f"{k} {v}" for k, v in sorted(o["by_status"].items(), key=lambda kv: -kv[1]))
         + ".",
         f"- Graph breaks (compiled): {s['graph_breaks']}.",
+        f"- {report_html.REMOTE_CODE_NOTE}",
     ]
     cov = s.get("coverage") or {}
     if "registry" in cov:

@@ -19,6 +19,13 @@ STATUS_COLORS = {
 }  # fmt: skip
 
 
+# the harness never passes trust_remote_code (transformers' default, False): said in every report
+REMOTE_CODE_NOTE = (
+    "No code from a model repository was executed: models load with trust_remote_code off, so an "
+    "architecture that needs a repository's own code fails to load (a harness error) instead of running it."
+)
+
+
 def _mode_color(mode: str, i: int) -> str:
     return MODE_COLORS.get(mode, ["#76b7b2", "#e15759", "#edc948", "#b07aa1"][i % 4])
 
@@ -194,6 +201,7 @@ TEMPLATE = """<!doctype html>
 <body>
 <h1>Compatibility report {{ s.date }}</h1>
 <div class="muted">devices: {{ s.devices|join(", ") or "–" }} · modes: {{ s.modes|join(", ") }}{% if s.previous %} · compared with {{ s.previous }}{% endif %}</div>
+<div class="muted" id="remote-code">{{ remote_code_note }}</div>
 
 <div class="cards">
  <div class="card"><b>{{ pct(s.overall.rate) }}</b>pass rate (reached the backend)</div>
@@ -339,4 +347,5 @@ def render_html(
         modality_chart=bar_chart("chart-modalities", labelled(summary["per_modality"]), modes, label_w=140),
         heat=heat_map(summary["per_architecture"], modes),
         trend_chart=line_chart(points, modes),
+        remote_code_note=REMOTE_CODE_NOTE,
     )

@@ -62,6 +62,18 @@ def test_markdown_and_html_written(nights: Path) -> None:
     for needle in ('id="chart-modes"', 'id="chart-tasks"', 'id="heatmap"', 'id="trend"', 'id="filter"'):
         assert needle in html
     assert "<script src" not in html and "https://" not in html  # self-contained
+    # the report says no repository code ran (the harness never turns trust_remote_code on)
+    assert "trust_remote_code off" in md and 'id="remote-code"' in html and "trust_remote_code off" in html
+
+
+def test_the_harness_never_turns_on_remote_code() -> None:
+    """The report's note holds because nothing in compat passes trust_remote_code=True."""
+    import re
+
+    root = Path(__file__).resolve().parents[2] / "compat"
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"trust_remote_code\s*=\s*True", text), path
 
 
 def test_regression_diff(nights: Path) -> None:
