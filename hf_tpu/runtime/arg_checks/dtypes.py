@@ -10,7 +10,7 @@ matches them on tpu too.
 
 The checks are static (dtypes, shapes, argument values; never tensor contents) and run on every call,
 so each is a couple of attribute reads on the valid path. Families of ops that fail the same way share
-one check built from a table (`_INTEGER_INPUT_KERNELS`, `_BOOL_INPUT_KERNELS`, ...).
+one check built from a table (`_INTEGER_INPUT_KERNELS`, `_BOOL_INPUT_KERNELS`, `_INTEGRAL_ONLY_KERNELS`, ...).
 """
 
 from __future__ import annotations
@@ -209,11 +209,44 @@ _INTEGER_RESULT_KERNELS = {
 }
 
 
+def _integral_only(kernel: str) -> Callable:
+    """A check for a bitwise op (a tensor and a tensor or a number): CPU's kernel runs in their promoted
+    dtype, which must be integral or bool (`float_tensor | 1` fails, as `int_tensor | bool_tensor` does not)."""
+
+    def check(self, other, *_):
+        kind = type(other)
+        if self.dtype in INTEGRAL and (
+            kind is int or kind is bool or (kind is not float and other.dtype in INTEGRAL)
+        ):
+            return
+        dtype = torch.result_type(self, other)
+        if dtype not in INTEGRAL:
+            raise not_implemented(kernel, dtype)
+
+    return check
+
+
+# the fuzz (tests/fuzz) found these running into JAX's TypeError on float inputs
+_INTEGRAL_ONLY_KERNELS = {
+    "aten::bitwise_and.Tensor": "bitwise_and_cpu",
+    "aten::bitwise_and.Scalar": "bitwise_and_cpu",
+    "aten::bitwise_or.Tensor": "bitwise_or_cpu",
+    "aten::bitwise_or.Scalar": "bitwise_or_cpu",
+    "aten::bitwise_xor.Tensor": "bitwise_xor_cpu",
+    "aten::bitwise_xor.Scalar": "bitwise_xor_cpu",
+    "aten::__rshift__.Tensor": "rshift_cpu",
+    "aten::__rshift__.Scalar": "rshift_cpu",
+    "aten::__lshift__.Tensor": "lshift_cpu",
+    "aten::__lshift__.Scalar": "lshift_cpu",
+}
+
+
 def _register_tables() -> None:
     for table, make in (
         (_INTEGER_INPUT_KERNELS, _integer_input),
         (_BOOL_INPUT_KERNELS, _bool_input),
         (_INTEGER_RESULT_KERNELS, _integer_result),
+        (_INTEGRAL_ONLY_KERNELS, _integral_only),
     ):
         for op, kernel in table.items():
             checks(op)(make(kernel))

@@ -328,10 +328,24 @@ def unfold_copy(x, dimension, size, step):
 
 @lowers("aten::unfold_backward")
 def unfold_backward(grad, input_sizes, dim, size, step):
-    """The adjoint of unfold: overlapping windows sum back (written as the VJP of the gather)."""
-    zeros = jnp.zeros(tuple(input_sizes), grad.dtype)
-    _, pull = jax.vjp(lambda a: unfold_copy(a, dim, size, step), zeros)
-    return pull(grad)[0]
+    """The adjoint of unfold: overlapping windows sum back (a scatter-add of the windows).
+
+    Not `jax.vjp` of the gather: JAX does not differentiate integer arrays, so an int64 `unfold_backward`
+    (what functionalization writes for an in-place op through an unfold view, in compiled graphs) came
+    back all zeros (found by tests/fuzz)."""
+    input_sizes = tuple(input_sizes)
+    if not input_sizes:
+        return grad.reshape(())
+    dim = _norm_dim(dim, len(input_sizes))
+    count = (input_sizes[dim] - size) // step + 1
+    windows = jnp.arange(count)[:, None] * step + jnp.arange(size)[None, :]
+    index = (slice(None),) * dim + (windows,)
+    # grad: input_sizes with `dim` -> count, plus the window dim last; move it next to `count`
+    values = jnp.moveaxis(grad, -1, dim + 1)
+    zeros = jnp.zeros(input_sizes, grad.dtype)
+    if grad.dtype == jnp.bool_:
+        return zeros.at[index].max(values)  # a sum of bools that stays bool: any window's True
+    return zeros.at[index].add(values)
 
 
 # -- clone: share the (immutable) buffer instead of copying it --------------------------------------
