@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hf_tpu-installed
 PYTEST_ARGS ?=
 
-.PHONY: install native test test-python-path test-latest soak test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers lint format fuzz-long
+.PHONY: install native test test-python-path test-latest soak test-unit test-multichip test-upstream constraints test-all demo opinfo opinfo-modes bench bench-eager bench-modes bench-load bench-generate bench-first-call bench-sharding bench-diffusers bench-dist lint format fuzz-long
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -106,6 +106,10 @@ bench-sharding: install
 
 bench-diffusers: install
 	$(PY) benchmarks/bench_diffusers.py --out reports/bench
+
+# tpu_dist all_reduce/all_gather bus bandwidth vs gloo on CPU tensors, 2 and 4 ranks, in one run
+bench-dist: install
+	$(PY) benchmarks/bench_dist.py --out reports/bench
 
 bench: bench-eager bench-modes bench-first-call bench-load bench-generate bench-sharding bench-diffusers
 
