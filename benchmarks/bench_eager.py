@@ -100,13 +100,77 @@ def model_latency(name: str, size: str, rounds: int) -> dict:
     return res
 
 
+def path_child(rounds: int, models: list[str]) -> None:
+    """One process's Strict numbers (per-op, tiny models) on whichever path HF_TPU_NATIVE selected."""
+    import json
+
+    from hf_tpu.runtime import native
+
+    out = {"native": native.active(), "per_op_us": per_op(1000, rounds=rounds), "models": {}}
+    for name in models:
+        r = model_latency(name, "tiny", rounds)
+        out["models"][name] = {k: r[k]["median_s"] * 1e3 for k in ("torch_cpu", "tpu_strict")}
+    print("PATH " + json.dumps(out), flush=True)
+
+
+def path_comparison(rounds: int, models: list[str], repeats: int = 2) -> dict:
+    """Strict with the C++ extension vs the pure-Python path, each in fresh processes, alternating
+    (native, python, native, python): medians over the processes of each path."""
+    import json
+    import os
+    import statistics
+    import subprocess
+
+    runs: dict[str, list[dict]] = {"native": [], "python": []}
+    for _ in range(repeats):
+        for path, flag in (("native", "1"), ("python", "0")):
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--path-child",
+                    "--rounds",
+                    str(rounds),
+                    "--models",
+                    ",".join(models),
+                ],
+                env={**os.environ, "HF_TPU_NATIVE": flag},
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"bench-eager ({path} path) failed:\n{done.stderr[-3000:]}")
+            line = next(x for x in done.stdout.splitlines() if x.startswith("PATH "))
+            runs[path].append(json.loads(line[5:]))
+    med = statistics.median
+    result = {}
+    for path, rs in runs.items():
+        result[path] = {
+            "per_op_us": med(r["per_op_us"]["tpu_strict"] for r in rs),
+            "torch_per_op_us": med(r["per_op_us"]["torch_cpu"] for r in rs),
+            "models": {
+                m: {k: med(r["models"][m][k] for r in rs) for k in ("torch_cpu", "tpu_strict")}
+                for m in models
+            },
+        }
+    return result
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="reports/bench")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--models", default=",".join(NAMES))
     parser.add_argument("--sizes", default=",".join(SIZES))
+    parser.add_argument("--path-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-path-comparison", action="store_true", help="skip the native vs Python path runs"
+    )
     args = parser.parse_args(argv)
+    if args.path_child:
+        path_child(args.rounds, args.models.split(","))
+        return 0
 
     us = per_op(1000, rounds=args.rounds)
     sustained = sustained_per_op()
@@ -165,6 +229,33 @@ def main(argv=None) -> int:
         "Geomean Strict/torch (target <= 2x): " + ", ".join(f"{k} {v:.2f}x" for k, v in by_size.items()),
         "",
     ]
+    paths = None
+    if not args.no_path_comparison:
+        tiny = args.models.split(",")
+        paths = path_comparison(args.rounds, tiny)
+        nat, py = paths["native"], paths["python"]
+        lines += [
+            "## C++ extension vs pure-Python path (Strict)",
+            "",
+            "Fresh processes per path, alternating native, Python, native, Python; medians. Ratios are against "
+            "torch eager measured in the same process.",
+            "",
+            "| | native | Python path | native / Python |",
+            "|---|---:|---:|---:|",
+            f"| per op (us, 1,000 adds) | {nat['per_op_us']:.2f} | {py['per_op_us']:.2f} | "
+            f"{nat['per_op_us'] / py['per_op_us']:.2f} |",
+            f"| per op / torch per op | {nat['per_op_us'] / nat['torch_per_op_us']:.1f}x | "
+            f"{py['per_op_us'] / py['torch_per_op_us']:.1f}x | |",
+        ]
+        for m in tiny:
+            n_ms, p_ms = nat["models"][m]["tpu_strict"], py["models"][m]["tpu_strict"]
+            n_r = n_ms / nat["models"][m]["torch_cpu"]
+            p_r = p_ms / py["models"][m]["torch_cpu"]
+            lines.append(
+                f"| tiny {m} forward (ms; x torch) | {n_ms:.2f} ({n_r:.2f}x) | {p_ms:.2f} ({p_r:.2f}x) | "
+                f"{n_ms / p_ms:.2f} |"
+            )
+        lines.append("")
     md = "\n".join(lines)
     print(md)
     write_report(
@@ -177,6 +268,7 @@ def main(argv=None) -> int:
             "in_place_write_ms": writes_ms,
             "models": rows,
             "geomean_ratio": by_size,
+            "native_vs_python_path": paths,
         },
         md,
     )
