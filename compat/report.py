@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compat import report_html
+from compat import report_html, report_pages
 from compat.jsonl import read_jsonl
 from compat.records import MODES, NOT_BACKEND_STATUSES, STATUSES
 
@@ -212,9 +212,31 @@ def summarize(records: list[dict], results_dir: Path, architectures: Path | None
         "per_architecture": group_by_mode(records, "architecture"),
         "top_missing_ops": top_missing_ops(records),
         "upstream_failures": upstream_failures(records),
+        "failure_causes": report_pages.failure_causes(records, modes),
+        "reach": reach(records, modes),
         "graph_breaks": sum(int(r.get("graph_breaks") or 0) for r in records),
         "coverage": coverage(records, architectures),
     }
+
+
+def reach(records: list[dict], modes: list[str]) -> dict[str, dict[str, Any]]:
+    """Per mode: configs planned (every result but explicit skips), how many reached the backend, and the
+    architectures that reached it out of those planned: the coverage a pass rate must be read with."""
+    out: dict[str, dict[str, Any]] = {}
+    for m in modes:
+        recs = [r for r in records if r["mode"] == m and r["status"] != "skipped"]
+        reached = [r for r in recs if r["status"] not in NOT_BACKEND_STATUSES]
+        archs = {r.get("architecture") for r in recs if r.get("architecture")}
+        archs_reached = {r.get("architecture") for r in reached if r.get("architecture")}
+        out[m] = {
+            "planned": len(recs),
+            "reached": len(reached),
+            "rate": _rate(len(reached), len(recs)),
+            "architectures": len(archs),
+            "architectures_reached": len(archs_reached),
+            "architectures_rate": _rate(len(archs_reached), len(archs)),
+        }
+    return out
 
 
 # ------------------------------------------------------------------------------------------------- diff
@@ -335,6 +357,16 @@ def render_markdown(
         f"**{t['attributed_models']} models** ({t['model_ids']} model ids, {t['architectures']} architectures).",
         f"- Pass rate: {_pct(o['rate'])} of results that reached the backend ({_pct(o['rate_models'])} of "
         f"attributed models); {_pct(o['rate_all'])} of all non-skipped results.",
+        "- Reached the backend (of the configs planned; architectures in brackets): "
+        + (
+            ", ".join(
+                f"{m} {c['reached']}/{c['planned']} ({_pct(c['rate'])}) "
+                f"[{c['architectures_reached']}/{c['architectures']}]"
+                for m, c in s.get("reach", {}).items()
+            )
+            or "–"
+        )
+        + ".",
         f"- Failures on the backend: **{o['ours']} ours**, **{o['upstream']} upstream** (fail the same way on "
         f"CPU without hf_tpu: "
         + (", ".join(f"{m} {t['upstream']}" for m, t in s["per_mode"].items()) or "–")
@@ -388,6 +420,26 @@ def render_markdown(
         if changes["missing"]:
             lines.append(f"\nNot run tonight but run before: {len(changes['missing'])}.")
         lines.append("")
+    causes = s.get("failure_causes") or []
+    lines += ["## Failure causes", ""]
+    if causes:
+        lines += [
+            "| cause | " + " | ".join(modes) + " | models | examples |",
+            "|---|" + "---|" * len(modes) + "---|---|",
+        ]
+        for c in causes:
+            ex = "; ".join(f"{e['model_id']} ({e['mode']}): {e['detail']}" for e in c["examples"])
+            if c["phases"]:
+                ex = "phases: " + ", ".join(f"{k} {v}" for k, v in c["phases"].items()) + ". " + ex
+            ex = ex.replace("|", "\\|")[:400]
+            lines.append(
+                f"| {c['label']} | "
+                + " | ".join(str(c["per_mode"].get(m, 0)) for m in modes)
+                + f" | {c['models']} | {ex} |"
+            )
+    else:
+        lines.append("Nothing failed.")
+    lines.append("")
     lines += [
         "## Upstream failures",
         "",
@@ -457,7 +509,10 @@ def generate(
     (results_dir / "report.md").write_text(
         render_markdown(summary, changes, previous.name if previous else None), encoding="utf-8"
     )
-    (results_dir / "index.html").write_text(render_html(summary, records, points, changes), encoding="utf-8")
+    links = report_pages.write_pages(results_dir, summary, records)
+    (results_dir / "index.html").write_text(
+        render_html(summary, records, points, changes, links), encoding="utf-8"
+    )
     regressions = changes["newly_failing"] if changes else []
     rates = ", ".join(f"{m} {_pct(t['rate'])}" for m, t in summary["per_mode"].items()) or "– (no results)"
     msg = f"report {summary['date']}: {len(records)} results ({summary['totals']['attributed_models']} models); pass {rates}"

@@ -92,8 +92,14 @@ def bar_chart(
     return "".join(out)
 
 
-def heat_map(per_arch: dict[str, dict[str, dict]], modes: list[str], label_w: int = 300) -> str:
-    """Architecture × mode: each cell coloured by pass rate, the counts in its tooltip."""
+def heat_map(
+    per_arch: dict[str, dict[str, dict]],
+    modes: list[str],
+    label_w: int = 300,
+    links: dict[str, str] | None = None,
+) -> str:
+    """Architecture × mode: each cell coloured by pass rate, the counts in its tooltip; each label links
+    to the architecture's page when `links` has one."""
     cell_w, cell_h = 90, 14
     archs = sorted(per_arch)
     height = 24 + cell_h * len(archs)
@@ -107,9 +113,9 @@ def heat_map(per_arch: dict[str, dict[str, dict]], modes: list[str], label_w: in
         )
     for i, arch in enumerate(archs):
         y = 24 + i * cell_h
-        out.append(
-            f'<text x="{label_w - 6}" y="{y + cell_h - 3}" class="small" text-anchor="end">{escape(arch)}</text>'
-        )
+        label = f'<text x="{label_w - 6}" y="{y + cell_h - 3}" class="small" text-anchor="end">{escape(arch)}</text>'
+        href = (links or {}).get(arch)
+        out.append(f'<a class="arch-link" href="{escape(href)}">{label}</a>' if href else label)
         for j, m in enumerate(modes):
             t = per_arch[arch].get(m)
             x = label_w + j * cell_w
@@ -205,7 +211,8 @@ TEMPLATE = """<!doctype html>
 
 <div class="cards">
  <div class="card"><b>{{ pct(s.overall.rate) }}</b>pass rate (reached the backend)</div>
- <div class="card"><b id="n-upstream">{{ s.overall.upstream }}</b>failures upstream (fail on CPU too), {{ s.overall.ours }} ours</div>
+ {% for m, c in s.reach.items() %}<div class="card reach" data-mode="{{ m }}"><b>{{ c.reached }} / {{ c.planned }}</b>{{ m }}: configs that reached the backend ({{ pct(c.rate) }}; architectures {{ c.architectures_reached }} / {{ c.architectures }})</div>
+ {% endfor %} <div class="card"><b id="n-upstream">{{ s.overall.upstream }}</b>failures upstream (fail on CPU too), {{ s.overall.ours }} ours</div>
  <div class="card"><b>{{ s.totals.results }}</b>results</div>
  <div class="card"><b>{{ s.totals.unique_configs }}</b>unique configs</div>
  <div class="card"><b>{{ s.totals.attributed_models }}</b>attributed models</div>
@@ -214,6 +221,14 @@ TEMPLATE = """<!doctype html>
  <div class="card"><b>{{ changes.newly_passing|length }}</b>newly passing</div>{% endif %}
  {% if s.coverage.registry is defined %}<div class="card"><b>{{ s.coverage.without_models|length }}</b>of {{ s.coverage.registry }} architectures have no model</div>{% endif %}
 </div>
+
+<h2>Does my model work?</h2>
+<div class="controls">
+ <input id="lookup" type="search" placeholder="a Hub model id, e.g. org/name" autocomplete="off">
+ <a id="csv" href="{{ csv_name }}" download>download every result (CSV)</a>
+</div>
+<div id="lookup-result" class="muted">Type a model id: the answer covers models that share a tested config with another id.</div>
+<script id="lookup-data" type="application/json">{{ lookup|safe }}</script>
 
 <div class="grid-2">
  <section><h2>Pass rate per mode</h2>{{ mode_chart|safe }}</section>
@@ -238,6 +253,13 @@ TEMPLATE = """<!doctype html>
 </ul></details>{% endif %}
 {% endif %}
 
+<h2>Failure causes</h2>
+{% if s.failure_causes %}
+<table id="causes"><tr><th>cause</th>{% for m in s.modes %}<th>{{ m }}</th>{% endfor %}<th>models</th><th>examples</th></tr>
+{% for c in s.failure_causes %}<tr data-cause="{{ c.cause }}"><td>{{ c.label }}</td>{% for m in s.modes %}<td>{{ c.per_mode.get(m, 0) }}</td>{% endfor %}<td>{{ c.models }}</td><td class="muted">{% if c.phases %}phases: {% for k, v in c.phases.items() %}{{ k }} {{ v }}{% if not loop.last %}, {% endif %}{% endfor %}<br>{% endif %}{% for e in c.examples %}{{ e.model_id }} ({{ e.mode }}): {{ e.detail|truncate(160) }}{% if not loop.last %}<br>{% endif %}{% endfor %}</td></tr>
+{% endfor %}</table>
+{% else %}<p class="muted">Nothing failed.</p>{% endif %}
+
 <h2>Top missing ops</h2>
 {% if s.top_missing_ops %}
 <table id="missing-ops"><tr><th>op</th><th>models</th><th>results</th><th>modes</th><th>example</th></tr>
@@ -260,7 +282,7 @@ TEMPLATE = """<!doctype html>
 <table id="models">
 <thead><tr><th>model</th><th>+attributed</th><th>model_type</th><th>architecture</th><th>task</th><th>modality</th><th>mode</th><th>status</th><th>missing op / error</th><th>load s</th><th>1st call s</th><th>steady s</th><th>peak MB</th></tr></thead>
 <tbody>
-{% for r in rows %}<tr data-status="{{ r.status }}" data-mode="{{ r.mode }}"><td>{{ r.model_id }}</td><td>{{ r.n_attr }}</td><td>{{ r.model_type or "" }}</td><td>{{ r.architecture or "" }}</td><td>{{ r.task or "" }}</td><td>{{ r.modality or "" }}</td><td>{{ r.mode }}</td><td><span class="status" style="background:{{ r.color }}">{{ r.status }}</span></td><td class="err">{{ r.detail }}</td><td>{{ r.load }}</td><td>{{ r.first }}</td><td>{{ r.steady }}</td><td>{{ r.mem }}</td></tr>
+{% for r in rows %}<tr data-status="{{ r.status }}" data-mode="{{ r.mode }}"><td>{{ r.model_id }}</td><td>{{ r.n_attr }}</td><td>{{ r.model_type or "" }}</td><td>{% if links.get(r.architecture) %}<a href="{{ links[r.architecture] }}">{{ r.architecture }}</a>{% else %}{{ r.architecture or "" }}{% endif %}</td><td>{{ r.task or "" }}</td><td>{{ r.modality or "" }}</td><td>{{ r.mode }}</td><td><span class="status" style="background:{{ r.color }}">{{ r.status }}</span></td><td class="err">{{ r.detail }}</td><td>{{ r.load }}</td><td>{{ r.first }}</td><td>{{ r.steady }}</td><td>{{ r.mem }}</td></tr>
 {% endfor %}</tbody>
 </table>
 </div>
@@ -282,6 +304,30 @@ TEMPLATE = """<!doctype html>
   }
   input.addEventListener("input", apply); st.addEventListener("change", apply); md.addEventListener("change", apply);
   var h = new URLSearchParams(location.search).get("q"); if (h) { input.value = h; apply(); }
+})();
+(function () {
+  var data = JSON.parse(document.getElementById("lookup-data").textContent);
+  var input = document.getElementById("lookup"), out = document.getElementById("lookup-result");
+  function esc(s) { var d = document.createElement("div"); d.textContent = s; return d.innerHTML; }
+  function answer() {
+    var id = input.value.trim().toLowerCase();
+    if (!id) { return; }
+    var hits = data[id];
+    if (!hits) {
+      out.className = "muted"; out.setAttribute("data-found", "0");
+      out.innerHTML = esc(input.value.trim()) + " is not in tonight's sample.";
+      return;
+    }
+    var ok = hits.filter(function (h) { return h[1] === "pass"; }).length;
+    out.className = ""; out.setAttribute("data-found", String(hits.length)); out.setAttribute("data-pass", String(ok));
+    out.innerHTML = "<b>" + esc(input.value.trim()) + "</b>: " + ok + " of " + hits.length + " runs pass<ul>" +
+      hits.map(function (h) {
+        return "<li>" + esc(h[0]) + ": <b>" + esc(h[1]) + "</b> (" + esc(h[2]) +
+               (h[3].toLowerCase() !== id ? ", tested as " + esc(h[3]) : "") + ")</li>";
+      }).join("") + "</ul>";
+  }
+  input.addEventListener("input", answer);
+  var m = new URLSearchParams(location.search).get("model"); if (m) { input.value = m; answer(); }
 })();
 </script>
 </body>
@@ -321,9 +367,14 @@ def table_rows(records: list[dict]) -> list[dict]:
 
 
 def render_html(
-    summary: dict[str, Any], records: list[dict], points: list[dict], changes: dict[str, list[dict]] | None
+    summary: dict[str, Any],
+    records: list[dict],
+    points: list[dict],
+    changes: dict[str, list[dict]] | None,
+    links: dict[str, str] | None = None,
 ) -> str:
-    """The whole page as one string."""
+    """The whole page as one string; `links` maps architectures to their pages (report_pages)."""
+    from compat import report_pages
     from compat.records import STATUSES
 
     modes = summary["modes"]
@@ -345,7 +396,10 @@ def render_html(
         ),
         task_chart=bar_chart("chart-tasks", labelled(summary["per_task"]), modes),
         modality_chart=bar_chart("chart-modalities", labelled(summary["per_modality"]), modes, label_w=140),
-        heat=heat_map(summary["per_architecture"], modes),
+        heat=heat_map(summary["per_architecture"], modes, links=links),
+        links=links or {},
+        lookup=report_pages.lookup_json(records),
+        csv_name=report_pages.CSV_NAME,
         trend_chart=line_chart(points, modes),
         remote_code_note=REMOTE_CODE_NOTE,
     )

@@ -141,3 +141,60 @@ def test_coverage_from_registry(nights: Path, tmp_path: Path) -> None:
     cov = res.summary["coverage"]
     assert cov["registry"] == 2 and cov["with_models"] == 1 and cov["without_models"] == ["LonelyModel"]
     assert "## Architectures with no model at all" in (nights / "2026-01-02" / "report.md").read_text()
+
+
+def test_reach_and_failure_causes(nights: Path) -> None:
+    """The headline's coverage (reached / planned per mode) and the failure causes grouped."""
+    records = synth.night(fail=FAILS) + [
+        synth.result("org9/ups", synth.ARCHS[2], "compiled", "compile_fail", cause="upstream", error="boom"),
+        synth.result("org9/acc", synth.ARCHS[3], "compiled", "fail_accuracy", error="max abs diff 0.3"),
+        synth.result("org9/slow", synth.ARCHS[3], "eager", "timeout", error="over 600 s"),
+        synth.result("org9/mat", synth.ARCHS[4], "compiled", "harness_error", phase="materialize", error="x"),
+    ]
+    synth.write_results(nights / "2026-01-03", records)
+    s = report.generate(nights / "2026-01-03").summary
+    # eager: 14 results, 1 skipped -> 13 planned (+1 timeout = 14), 1 harness error -> 13 reached
+    assert s["reach"]["eager"] == {
+        "planned": 14, "reached": 13, "rate": round(13 / 14, 4),
+        "architectures": 6, "architectures_reached": 6, "architectures_rate": 1.0,
+    }  # fmt: skip
+    assert s["reach"]["compiled"]["planned"] == 15 and s["reach"]["compiled"]["reached"] == 14
+    causes = {c["cause"]: c for c in s["failure_causes"]}
+    assert list(causes) == ["missing_op", "upstream", "accuracy", "resources", "harness"]
+    assert causes["missing_op"]["per_mode"] == {"eager": 1, "compiled": 1}
+    assert causes["upstream"]["per_mode"] == {"eager": 0, "compiled": 1}
+    assert causes["harness"]["phases"] == {"materialize": 1, "unknown": 1}
+    assert causes["accuracy"]["examples"][0]["detail"] == "max abs diff 0.3"
+    md = (nights / "2026-01-03" / "report.md").read_text()
+    assert "## Failure causes" in md and "eager 13/14 (92.9%) [6/6]" in md
+    html = (nights / "2026-01-03" / "index.html").read_text()
+    assert 'id="causes"' in html and html.count('class="card reach"') == 2
+
+
+def test_csv_architecture_pages_and_lookup(nights: Path) -> None:
+    import csv
+
+    from compat import report_pages
+
+    day = nights / "2026-01-02"
+    report.generate(day)
+    rows = list(csv.DictReader((day / "results.csv").open(encoding="utf-8")))
+    assert len(rows) == 26
+    failed = [r for r in rows if r["status"] == "fail_to_run"]
+    assert {(r["model_id"], r["mode"]) for r in failed} == FAILS
+    assert all(r["cause"] == "missing_op" and r["missing_op"] == "aten::_fft_r2c" for r in failed)
+    dup = next(r for r in rows if r["model_id"] == "org0/bert-0" and r["mode"] == "eager")
+    assert dup["attributed_ids"] == "org0/bert-0-dup" and dup["peak_mem_mb"] == "50.0"
+    pages = sorted(p.name for p in (day / "architectures").glob("*.html"))
+    assert pages == sorted(f"{a[0]}.html" for a in synth.ARCHS)
+    vit = (day / "architectures" / "ViTForImageClassification.html").read_text()
+    assert vit.count('<tr data-status="') == 4 and "aten::_fft_r2c" in vit and "../index.html" in vit
+    html = (day / "index.html").read_text()
+    assert 'href="architectures/ViTForImageClassification.html"' in html and 'href="results.csv"' in html
+    # the lookup answers for attributed ids too (they ran as another id)
+    index = report_pages.lookup_index(report.load_results(day))
+    assert index["org0/gpt2-1-dup"] == [["eager", "pass", "GPT2LMHeadModel", "org0/gpt2-1"]]
+    # a page of an architecture that is gone from the results is removed on the next report
+    synth.write_results(day, [r for r in synth.night(fail=FAILS) if r["architecture"] != "CLIPModel"])
+    report.generate(day)
+    assert not (day / "architectures" / "CLIPModel.html").exists()

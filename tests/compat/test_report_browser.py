@@ -80,3 +80,20 @@ def test_screenshot(chromium: str, page: Path, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 20_000
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_model_lookup_answers_for_attributed_ids(chromium: str, page: Path, tmp_path: Path) -> None:
+    """ "Does my model work?": an id that only shares a tested config with another one gets that answer."""
+    proc = _chromium(chromium, tmp_path, "--dump-dom", page.as_uri() + "?model=org0/vit-2-dup")
+    dom = proc.stdout
+    assert proc.returncode == 0 and "<html" in dom, proc.stderr[-2000:]
+    m = re.search(
+        r'<div id="lookup-result"[^>]*data-found="(\d+)"[^>]*data-pass="(\d+)"[^>]*>(.*?)</div>', dom, re.S
+    )
+    assert m, dom[dom.find('id="lookup-result"') - 50 : dom.find('id="lookup-result"') + 400]
+    assert m.group(1, 2) == ("2", "2") and "tested as org0/vit-2" in m.group(3)
+    proc = _chromium(chromium, tmp_path, "--dump-dom", page.as_uri() + "?model=nobody/nothing")
+    assert 'data-found="0"' in proc.stdout and "is not in tonight" in proc.stdout
+    arch = page.parent / "architectures" / "ViTForImageClassification.html"
+    proc = _chromium(chromium, tmp_path, "--dump-dom", arch.as_uri())
+    assert proc.returncode == 0 and proc.stdout.count('<tr data-status="') == 4
