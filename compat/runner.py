@@ -19,7 +19,7 @@ from typing import Any
 from compat.attribution import ATTRIBUTION_TIMEOUT_S
 from compat.executors import make_executor, select_shard
 from compat.interrupt import RunInterrupted, stop_on_signals
-from compat.materialize import DEFAULT_HUB_MAX_PARAMS, HarnessError, plan_entry
+from compat.materialize import DEFAULT_HUB_MAX_PARAMS, TIERS, HarnessError, plan_entry
 from compat.progress import RunProgress
 from compat.records import MODES, record_for
 from compat.results import ResultsWriter, load_done, set_aside
@@ -77,8 +77,8 @@ def run_models(
         raise ValueError(f"unknown mode(s) {bad}; expected a subset of {MODES}")
     if not modes:
         raise ValueError("no modes to run")
-    if tier not in ("offline", "hub"):
-        raise ValueError(f"unknown tier {tier!r}; expected 'offline' or 'hub'")
+    if tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}; expected one of {', '.join(TIERS)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"

@@ -49,7 +49,7 @@ def main(conn: Any, config: dict[str, Any]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    if config.get("tier", "offline") == "offline":
+    if config.get("tier", "offline") in ("offline", "real"):  # nothing may reach the Hub
         os.environ["HF_HUB_OFFLINE"] = "1"
         os.environ["HF_DATASETS_OFFLINE"] = "1"
     for k, v in (config.get("env") or {}).items():

@@ -94,27 +94,39 @@ def test_workflow_triggers_jobs_and_shard_matrix(workflow: dict) -> None:
     assert len(hub) == 1 and "HF_TOKEN" in hub[0]["if"]  # the Hub push runs only with a token
     assert jobs["merge"]["env"]["HF_TOKEN"] == "${{ secrets.HF_TOKEN }}"
     names = [s.get("name", "") for s in jobs["merge"]["steps"]]
-    assert names[-1] == "Regression gate"  # the gate fails the job only after publishing
+    # the gates fail the job only after publishing
+    assert names[-2:] == ["Regression gate", "Regression gate (real tier)"]
+    assert "real" in jobs["merge"]["needs"]
 
 
 def test_every_compat_command_parses_with_the_harness_parser(workflow: dict) -> None:
     commands = compat_commands(workflow)
     verbs = [argv[0] for _, argv in commands]
-    assert verbs == ["run", "merge", "report", "publish", "gate"]
+    assert verbs == ["run", "run", "merge", "report", "report", "publish", "gate", "gate"]
     parser = build_parser()
     for job, argv in commands:
         try:
             args = parser.parse_args(argv)
         except SystemExit:
             pytest.fail(f"job {job}: `compat {shlex.join(argv)}` does not parse")
-        if args.command == "run":
+        if args.command == "run" and job == "real":  # the trained checkpoints, every mode, a night apart
+            assert args.tier == "real" and args.sample is None and args.models is None
+            assert (
+                args.date == NIGHT
+                and args.out == "real"
+                and args.modes == "eager,compiled,defer_and_fuse,train"
+            )
+        elif args.command == "run":
             assert args.shard == (0, 4) and args.date == NIGHT and args.device == "tpu"
             assert args.sample == "5000" and args.modes == "eager,compiled,defer_and_fuse,train"
-            assert args.out == "shard"
+            assert args.out == "shard" and args.tier == "offline"
         if args.command == "merge":
             assert args.dirs == ["shards/shard-*"] and args.out == f"site/{NIGHT}"
         if args.command == "report":
-            assert args.results_dir == f"site/{NIGHT}" and args.previous_in == "site"
+            assert (args.results_dir, args.previous_in) in {
+                (f"site/{NIGHT}", "site"),
+                (f"site/real/{NIGHT}", "site/real"),
+            }
 
 
 def test_the_parser_check_is_not_vacuous() -> None:
