@@ -268,6 +268,7 @@ def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
     if bad or not modes:
         print(f"error: --modes {args.modes!r}: expected some of {', '.join(MODES)}", file=sys.stderr)
         return None
+    from compat.executors import ExecutorUnavailable
     from compat.interrupt import RunInterrupted
     from compat.runner import run_models  # lazy: pulls in torch
 
@@ -283,6 +284,7 @@ def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
             modes=modes,
             jobs=args.jobs,
             executor=args.executor,
+            address=args.address,
             resume=args.resume,
             shard=args.shard,
             timeout_s=args.timeout,
@@ -291,7 +293,7 @@ def _run(args: argparse.Namespace, out_dir: Path) -> list[dict] | None:
             compile_backend=args.compile_backend,
             hub_max_params=args.hub_max_params,
         )
-    except ValueError as e:  # the runner's own checks of its arguments
+    except (ValueError, ExecutorUnavailable) as e:  # the runner's checks of its arguments, no cluster
         print(f"error: {e}", file=sys.stderr)
         return None
     except RunInterrupted as e:
@@ -431,6 +433,12 @@ def _run_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
+    p.add_argument(
+        "--address",
+        default=None,
+        help="ray executor: the cluster to run on (HOST:PORT of `ray start --head`, or ray://HOST:10001); "
+        "default RAY_ADDRESS, else a local cluster",
+    )
     p.add_argument("--shard", type=parse_shard, default=None, help="run shard i of N (i/N, 0-based)")
     p.add_argument("--resume", action="store_true", help="skip models already in results.jsonl")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model and mode")

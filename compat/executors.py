@@ -157,6 +157,29 @@ def _project_pythonpath() -> str:
     return os.pathsep.join(dict.fromkeys(parts))
 
 
+class ExecutorUnavailable(RuntimeError):
+    """The executor cannot start: its package is missing or its cluster does not answer."""
+
+
+def probe_cluster(address: str, timeout_s: float = 10.0) -> None:
+    """Fail fast when nothing listens at a HOST:PORT (or ray://HOST:PORT) cluster address: Ray's own
+    connect retries for minutes. "auto" and addresses without a port are left to Ray."""
+    import socket
+
+    hostport = address.split("://", 1)[-1]
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ExecutorUnavailable(
+            f"executor 'ray': no Ray cluster answers at {address!r} ({type(exc).__name__}: {exc}); start one "
+            "with `ray start --head` or fix --address / RAY_ADDRESS"
+        ) from None
+
+
 class RayExecutor:
     """Tasks on a Ray cluster: RAY_ADDRESS when set, an already-initialised Ray, or a local cluster we start."""
 
@@ -176,12 +199,22 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            raise RuntimeError("executor 'ray' needs the ray package (pip install 'ray[default]')") from None
+            raise ExecutorUnavailable(
+                "executor 'ray' needs the ray package (pip install 'ray[default]')"
+            ) from None
         runtime_env = {"env_vars": {"PYTHONPATH": _project_pythonpath()}}
         started = False
         if not ray.is_initialized():
-            if self.address:
-                ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=False)
+            if self.address:  # a running cluster: this driver connects, and disconnects at the end
+                probe_cluster(self.address)
+                try:
+                    ray.init(address=self.address, runtime_env=runtime_env, log_to_driver=False)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    raise ExecutorUnavailable(
+                        f"executor 'ray': no Ray cluster answers at {self.address!r} ({type(exc).__name__}: "
+                        f"{exc}); start one with `ray start --head` or fix --address / RAY_ADDRESS"
+                    ) from None
+                started = True
             else:
                 ray.init(
                     num_cpus=self.jobs, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env
@@ -228,11 +261,13 @@ class RayExecutor:
 
 
 def make_executor(
-    name: str, jobs: int, config: WorkerConfig, timeout_s: float
+    name: str, jobs: int, config: WorkerConfig, timeout_s: float, address: str | None = None
 ) -> LocalExecutor | RayExecutor:
-    """``local`` (default) or ``ray``."""
+    """``local`` (default) or ``ray`` (on the cluster at ``address``, else RAY_ADDRESS, else a local one)."""
     if name == "local":
+        if address:
+            raise ValueError("--address names a Ray cluster: it needs --executor ray")
         return LocalExecutor(jobs, config, timeout_s)
     if name == "ray":
-        return RayExecutor(jobs, config, timeout_s)
+        return RayExecutor(jobs, config, timeout_s, address)
     raise ValueError(f"unknown executor {name!r}; expected 'local' or 'ray'")

@@ -49,6 +49,7 @@ def run_models(
     modes: Sequence[str] = ("eager", "compiled"),
     jobs: int = 1,
     executor: str = "local",
+    address: str | None = None,
     resume: bool = False,
     shard: tuple[int, int] | str | None = None,
     timeout_s: float = 300,
@@ -126,7 +127,7 @@ def run_models(
                     log_dir=str(work / "logs"),
                     preload=_preload_for(tasks, modes),
                 )
-                ex = make_executor(executor, jobs, config, timeout_s)
+                ex = make_executor(executor, jobs, config, timeout_s, address)
                 bar.start(len(tasks))
                 ex.run(tasks, on_record, lambda t: bar.config_done(), stop=stop)
     finally:
