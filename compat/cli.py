@@ -421,15 +421,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ parser
 
 
-def _run_flags(p: argparse.ArgumentParser) -> None:
+NIGHTLY_MODES = "eager,compiled,defer_and_fuse,train"  # every mode, as the nightly workflow runs them
+
+
+def _run_flags(p: argparse.ArgumentParser, modes: str = "eager,compiled") -> None:
     p.add_argument("--models", help="comma-separated Hub ids (looked up in the sample, then the snapshot)")
     p.add_argument("--sample", help="smoke | N (model_lists/sample-N-SEED.jsonl) | a path")
     p.add_argument("--seed", type=int, default=None, help="which sample-N-SEED.jsonl --sample N means")
     p.add_argument("--device", default="cpu", help="target device: cpu, tpu, ...")
     p.add_argument(
         "--modes",
-        default="eager,compiled",
-        help="comma-separated: eager,compiled,defer_and_fuse,train (train: one training step vs a CPU step)",
+        default=modes,
+        help=f"comma-separated: eager,compiled,defer_and_fuse,train (train: one training step vs a CPU step); "
+        f"default {modes}",
     )
     p.add_argument("-j", "--jobs", type=int, default=1, help="parallel worker processes")
     p.add_argument("--executor", choices=["local", "ray"], default="local")
@@ -531,7 +535,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_publish)
 
     p = sub.add_parser("nightly", help="run, then report into reports/<date>/ diffed against the last night")
-    _run_flags(p)
+    _run_flags(p, modes=NIGHTLY_MODES)
     p.add_argument("--previous", help="default: the most recent earlier dated report")
     p.set_defaults(func=cmd_nightly)
     return parser

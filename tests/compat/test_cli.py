@@ -48,6 +48,7 @@ def fake_runner(monkeypatch: pytest.MonkeyPatch) -> dict:
         modes,
         jobs,
         executor,
+        address,
         resume,
         shard,
         timeout_s,
@@ -150,3 +151,5 @@ def test_nightly_first_night(model_lists: Path, fake_runner: dict, tmp_path: Pat
     ]
     assert main([*args, "--date", "2026-02-01"]) == 0
     assert "no earlier report found" in capsys.readouterr().out
+    # the nightly's default is every mode, as the workflow runs it; `run` keeps eager and compiled
+    assert fake_runner["modes"] == ["eager", "compiled", "defer_and_fuse", "train"]
