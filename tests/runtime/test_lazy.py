@@ -451,9 +451,44 @@ def test_a_failed_training_step_leaves_the_parameters_as_they_were(defer):
     kernel = _failing_exp([10**9])
     h = lin(x)
     (h * kernel(h.detach())).sum().backward()
-    opt.step()
-    with pytest.raises(RuntimeError, match=r"aten\.exp\.default.* 2 tensor\(s\) .* keep their values"):
-        torch.tpu.synchronize()
+    # the optimizer step ends the trace (lazy._flush_at_optimizer_steps): the failure surfaces there
+    with pytest.raises(RuntimeError, match=r"aten\.exp\.default.*flush \(optimizer step\).* 2 tensor\(s\) .* keep"):
+        opt.step()
+    torch.tpu.synchronize()
     torch.testing.assert_close(lin.weight.detach().cpu(), cpu.weight.detach())
     torch.testing.assert_close(lin.bias.detach().cpu(), cpu.bias.detach())
     torch.testing.assert_close(lin(x).cpu(), cpu(x_cpu))
+
+
+def test_each_optimizer_step_is_one_cached_program(defer, monkeypatch):
+    """A training loop that never syncs: every trace ends where `optimizer.step()` ends, so the steps
+    after the first two (the first also creates AdamW's state) reuse one program. Cut by the graph-size
+    limit alone, each trace would start elsewhere in the step and compile anew."""
+    # a step (45 ops; 61 the first) over half the limit: the limit's own alignment to a repeating
+    # sequence needs two repetitions by then, so only the step boundary keeps the traces alike
+    monkeypatch.setattr(lazy, "MAX_OPS", 80)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+    x, y = torch.randn(5, 8), torch.randn(5, 2)
+    model = copy.deepcopy(ref).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, foreach=False)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.01, foreach=False)
+    xt, yt = x.to("tpu"), y.to("tpu")
+    torch.tpu.flush()
+    per_step = []
+    for _ in range(14):
+        before = dict(lazy.stats)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(xt), yt).backward()
+        opt.step()
+        per_step.append({k: lazy.stats[k] - before[k] for k in ("flushes", "cache_misses", "ops")})
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    assert all(s["flushes"] == 1 for s in per_step), per_step  # the step's own, nothing else
+    assert all(lazy.MAX_OPS // 2 < s["ops"] < lazy.MAX_OPS for s in per_step), per_step
+    # AdamW's per-step scalars (step size, bias corrections) are baked into their kernels until a kernel
+    # has seen 16 values (dispatch._MAX_STATIC_SCALAR_BUILDS, 4 parameters a step): from then on, hits
+    assert sum(s["cache_misses"] for s in per_step[6:]) == 0, per_step
+    for p, q in zip(ref.parameters(), model.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)

@@ -132,12 +132,37 @@ def set_enabled(on: bool) -> None:
     (the flush's error, naming the failed op, propagates)."""
     global _enabled
     if on or not _enabled:
+        if on:
+            _flush_at_optimizer_steps()
         _enabled = on
         return
     try:
         flush("mode change")
     finally:
         _enabled = False
+
+
+_step_hook: list = []
+
+
+def _flush_at_optimizer_steps() -> None:
+    """End a trace where an optimizer step ends, once per process.
+
+    A training loop that never syncs would otherwise be cut by the graph-size limit wherever the count
+    falls: a 3,264-op tiny-Llama step cut every 4,000 ops starts each trace 736 ops further into the
+    step, 102 distinct programs to compile (measured: 373 s over 150 steps). Cut at the step instead,
+    every step is the same program: one compile (two: the first step also creates the optimizer's
+    state), then cache hits. The flush dispatches asynchronously, so the host does not wait for it."""
+    if _step_hook:
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def after_step(optimizer, args, kwargs) -> None:
+        trace = _trace
+        if _enabled and trace is not None and trace.ops:
+            flush("optimizer step")
+
+    _step_hook.append(register_optimizer_step_post_hook(after_step))
 
 
 def _aval(arg):
