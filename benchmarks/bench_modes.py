@@ -88,6 +88,43 @@ def bench_model(name: str, size: str, modes: list[str], rounds: int) -> dict:
     return res
 
 
+TRAIN_MODES = ("torch_eager", "strict", "defer_and_fuse")
+
+
+def bench_training_step(name: str, size: str, rounds: int) -> dict:
+    """One AdamW training step (forward, loss, backward, step) per call: torch CPU eager, Strict and
+    DeferAndFuse (each step one cached program: the trace ends at `optimizer.step()`). Target (issue 21):
+    DeferAndFuse >= 2x Strict steps/s."""
+    from tests.hf_models import first_tensor
+
+    cases = {}
+    for mode in TRAIN_MODES:
+        torch.manual_seed(0)
+        model, inputs = build(name, size)
+        model.train()
+        device = "cpu" if mode == "torch_eager" else "tpu"
+        model.to(device)
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step(model=model, inputs=inputs, opt=opt, mode=mode):
+            ctx = (
+                torch.tpu.eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE) if mode == "defer_and_fuse" else None
+            )
+            if ctx is not None:
+                ctx.__enter__()
+            try:
+                opt.zero_grad()
+                first_tensor(model(**inputs)).float().square().mean().backward()
+                opt.step()
+            finally:
+                if ctx is not None:
+                    ctx.__exit__(None, None, None)
+
+        cases[mode] = (step, device)
+    return interleaved(cases, rounds=rounds, warmup=3)
+
+
 def _ratio_cell(r: dict, mode: str, base: float | None) -> str:
     ms = r[mode]["median_s"] * 1e3
     return f"{ms:.2f}" + (f" ({r[mode]['median_s'] / base:.2f}x)" if base else "")
@@ -129,6 +166,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", default=",".join(NAMES))
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--train", default="tiny/llama", help="size/model pairs for the training-step table")
     args = parser.parse_args(argv)
     # first calls here compile from scratch: an empty persistent XLA cache (bench_first_call.py measures
     # fresh processes with cold and warm caches); set before JAX initializes
@@ -190,6 +228,26 @@ def main(argv=None) -> int:
             lines.append(
                 f"| {key} | {s / 2**20:.2f} | {d / 2**20:.2f} | {d / s if s else float('nan'):.2f} |"
             )
+    train_rows = {}
+    for key in filter(None, args.train.split(",")):
+        size, name = key.split("/")
+        train_rows[key] = bench_training_step(name, size, args.rounds)
+    if train_rows:
+        lines += [
+            "",
+            "Training step (forward, loss, backward, AdamW step), median ms per step (ratio to torch eager); "
+            "DeferAndFuse runs each step as one cached program (its trace ends at `optimizer.step()`):",
+            "",
+            "| model | " + " | ".join(TRAIN_MODES) + " | DeferAndFuse speedup over Strict |",
+            "|---|" + "---:|" * (len(TRAIN_MODES) + 1),
+        ]
+        for key, r in train_rows.items():
+            base = r["torch_eager"]["median_s"]
+            lines.append(
+                f"| {key} | "
+                + " | ".join(_ratio_cell(r, m, base) for m in TRAIN_MODES)
+                + f" | {r['strict']['median_s'] / r['defer_and_fuse']['median_s']:.2f}x |"
+            )
     summary = {"all": summarize(rows, modes)}
     for size in sizes:
         summary[size] = summarize({k: v for k, v in rows.items() if k.startswith(size + "/")}, modes)
@@ -199,7 +257,9 @@ def main(argv=None) -> int:
         lines.append(f"| {over} | " + " | ".join(f"{v:.2f}x" for v in s.values()) + " |")
     md = "\n".join(lines) + "\n"
     print(md)
-    write_report(args.out, "modes", {"env": environment(), "rows": rows, "summary": summary}, md)
+    write_report(
+        args.out, "modes", {"env": environment(), "rows": rows, "train": train_rows, "summary": summary}, md
+    )
     return 0
 
 
