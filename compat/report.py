@@ -511,7 +511,16 @@ def generate(
     )
     links = report_pages.write_pages(results_dir, summary, records)
     (results_dir / "index.html").write_text(
-        render_html(summary, records, points, changes, links), encoding="utf-8"
+        render_html(
+            summary,
+            records,
+            points,
+            changes,
+            links,
+            lookup=report_pages.lookup_json(records),
+            csv_name=report_pages.CSV_NAME,
+        ),
+        encoding="utf-8",
     )
     regressions = changes["newly_failing"] if changes else []
     rates = ", ".join(f"{m} {_pct(t['rate'])}" for m, t in summary["per_mode"].items()) or "– (no results)"

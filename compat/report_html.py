@@ -372,9 +372,11 @@ def render_html(
     points: list[dict],
     changes: dict[str, list[dict]] | None,
     links: dict[str, str] | None = None,
+    lookup: str = "{}",
+    csv_name: str = "results.csv",
 ) -> str:
-    """The whole page as one string; `links` maps architectures to their pages (report_pages)."""
-    from compat import report_pages
+    """The whole page as one string; `links` maps architectures to their pages, `lookup` is the model-id
+    index as JSON and `csv_name` the CSV beside the page (all from compat.report_pages)."""
     from compat.records import STATUSES
 
     modes = summary["modes"]
@@ -398,8 +400,8 @@ def render_html(
         modality_chart=bar_chart("chart-modalities", labelled(summary["per_modality"]), modes, label_w=140),
         heat=heat_map(summary["per_architecture"], modes, links=links),
         links=links or {},
-        lookup=report_pages.lookup_json(records),
-        csv_name=report_pages.CSV_NAME,
+        lookup=lookup,
+        csv_name=csv_name,
         trend_chart=line_chart(points, modes),
         remote_code_note=REMOTE_CODE_NOTE,
     )
