@@ -452,7 +452,9 @@ def test_a_failed_training_step_leaves_the_parameters_as_they_were(defer):
     h = lin(x)
     (h * kernel(h.detach())).sum().backward()
     # the optimizer step ends the trace (lazy._flush_at_optimizer_steps): the failure surfaces there
-    with pytest.raises(RuntimeError, match=r"aten\.exp\.default.*flush \(optimizer step\).* 2 tensor\(s\) .* keep"):
+    with pytest.raises(
+        RuntimeError, match=r"aten\.exp\.default.*flush \(optimizer step\).* 2 tensor\(s\) .* keep"
+    ):
         opt.step()
     torch.tpu.synchronize()
     torch.testing.assert_close(lin.weight.detach().cpu(), cpu.weight.detach())
