@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 
 register()
 
-# transformers/accelerate/diffusers patches, applied when (or if) those modules get imported
+# every patch (table.PATCHES): torch's own surface now, transformers/accelerate/diffusers/... when (or if)
+# those modules get imported
 from hf_tpu.integrations import install as _install_integrations  # noqa: E402
 
 _install_integrations()

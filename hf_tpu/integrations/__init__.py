@@ -1,16 +1,16 @@
-"""Hugging Face integrations: the only place in hf_tpu that knows accelerate/transformers/diffusers internals
-(and where `torch.compile` finds the `tpu` backend, `torch_dynamo.py`).
+"""Integrations: the only place in hf_tpu that patches code it does not own — accelerate, transformers,
+diffusers, safetensors, and torch's own Python surface (Tensor, storages, torch.accelerator, Dynamo) —
+and where `torch.compile` finds the `tpu` backend (`torch_dynamo.py`).
 
-Nothing here imports those libraries. `install()` (called by `import hf_tpu`, hence at `import torch`)
-only puts a small finder on `sys.meta_path`; each patch runs when its target module finishes executing,
-or at once if that module is already imported, or, for a module that was still executing when hf_tpu got
-imported (it imported torch, whose autoload imports hf_tpu), at the first import after it finished. So
-import order never matters, and `import torch` does not pay for `import transformers`.
-
-Which module gets which patch is the `HOOKS` table below (the upstream releases they were verified with:
-`versions.py`, which warns once outside them); the patches live in `accelerate.py`,
-`transformers.py`, `transformers_sharding.py`, `diffusers.py`, `diffusers_sharding.py`, `diffusers_parallel.py`,
-`safetensors_torch.py`, `torch_dynamo.py` and `torch_flex_attention.py` next to this file.
+Every patch is a row of `table.PATCHES` (target, function, why, the package whose verified range applies,
+the parameters it relies on) and replaces attributes through `patching.patch` (original kept, applied once,
+copies imported by value rebound). `install()` (called by `import hf_tpu`, hence at `import torch`) applies
+the rows on torch's own surface at once (after the device is registered) and puts a small finder on
+`sys.meta_path` for the rest: each of those runs when its module finishes executing, or at once if that
+module is already imported, or, for a module that was still executing when hf_tpu got imported (it
+imported torch, whose autoload imports hf_tpu), at the first import after it finished. So import order
+never matters, and `import torch` does not pay for `import transformers`. Outside the upstream releases
+the patches were verified with (`versions.py`) hf_tpu warns once per package.
 """
 
 from __future__ import annotations
@@ -20,53 +20,16 @@ import importlib.abc
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 
+from hf_tpu.integrations.table import PATCHES, at_import, hooks
+
 # target module -> "hf_tpu.integrations.<file>:<function>" patches, applied in order, once per module object
-HOOKS: dict[str, tuple[str, ...]] = {
-    "accelerate.utils.modeling": ("accelerate:patch_modeling",),
-    "accelerate.utils.dataclasses": ("accelerate:patch_dataclasses",),
-    "accelerate.utils": ("accelerate:patch_utils",),
-    "accelerate.state": ("accelerate:patch_state",),
-    "accelerate.checkpointing": ("accelerate:patch_checkpointing",),
-    "transformers.integrations.accelerate": ("transformers:patch_integrations_accelerate",),
-    "transformers.core_model_loading": ("transformers_sharding:patch_core_model_loading",),
-    "transformers.modeling_utils": (
-        "transformers:patch_modeling_utils",
-        "transformers_sharding:rebind_convert_and_load",
-    ),
-    "transformers.modeling_layers": ("transformers_sharding:rebind_convert_and_load",),
-    "transformers.training_args": ("transformers:patch_training_args",),
-    "transformers.trainer": ("transformers:patch_trainer",),
-    "transformers.generation.utils": ("transformers:patch_generation_utils",),
-    "transformers.cache_utils": ("transformers:patch_cache_utils",),
-    "transformers.generation.continuous_batching.cache": ("transformers:patch_continuous_batching_cache",),
-    "transformers.testing_utils": ("transformers:patch_testing_utils",),
-    "diffusers.pipelines.pipeline_loading_utils": ("diffusers:patch_pipeline_loading_utils",),
-    "diffusers.models.model_loading_utils": (
-        "diffusers:patch_model_loading_utils",
-        "diffusers_sharding:patch_model_loading_utils",
-    ),
-    "diffusers.pipelines.pipeline_utils": ("diffusers:patch_pipeline_utils",),
-    "diffusers.models.modeling_utils": (
-        "diffusers:rebind_determine_device_map",
-        "diffusers_sharding:patch_modeling_utils",
-        "diffusers_parallel:patch_modeling_utils",
-    ),
-    "diffusers.models.attention_dispatch": ("diffusers_parallel:patch_attention_dispatch",),
-    "diffusers.loaders.single_file_model": ("diffusers:rebind_determine_device_map",),
-    "safetensors": ("safetensors_torch:patch_safe_open",),
-    "safetensors.torch": ("safetensors_torch:patch_safetensors_torch",),
-    "torch._dynamo.backends.registry": ("torch_dynamo:register_tpu_backend",),
-    "torch._dynamo.trace_rules": (
-        "torch_dynamo:keep_out_of_the_runtime",
-        "torch_dynamo:allow_tpu_device_queries",
-    ),
-    "torch._dynamo.variables.torch": ("torch_dynamo:fold_tpu_device_queries",),
-    "torch._inductor.compile_fx": ("torch_dynamo:route_tpu_graphs_from_inductor",),
-    "torch.nn.attention.flex_attention": ("torch_flex_attention:allow_tpu",),
-}
+HOOKS: dict[str, tuple[str, ...]] = hooks()
+# (module, "file:function") applied at `import hf_tpu`: torch's own Python surface
+AT_IMPORT: tuple[tuple[str, str], ...] = at_import()
 
 _lock = threading.RLock()
 _installed = False
@@ -74,6 +37,8 @@ _resolving = threading.local()
 # hooked modules that were still executing when `install()` ran (they imported torch, whose autoload
 # imported hf_tpu): patched once they have finished, at the next import or `apply_pending()`
 _pending: dict[str, ModuleType] = {}
+# module object -> the HOOKS functions already applied to it (a reload re-executes it: applied again)
+_applied: weakref.WeakKeyDictionary[ModuleType, set[str]] = weakref.WeakKeyDictionary()
 
 
 def _initializing(module: ModuleType) -> bool:
@@ -98,26 +63,54 @@ def _patch_function(ref: str) -> Callable[[ModuleType], None]:
     return getattr(importlib.import_module(f"hf_tpu.integrations.{file}"), name)
 
 
+def applied(module: ModuleType) -> frozenset[str]:
+    """The HOOKS functions that ran for this module object."""
+    with _lock:
+        return frozenset(_applied.get(module, ()))
+
+
+def _run(ref: str, module: ModuleType) -> None:
+    try:
+        _patch_function(ref)(module)
+    except Exception as exc:  # noqa: BLE001 - a broken patch must never break the user's import
+        warnings.warn(
+            f"hf_tpu: could not patch {module.__name__} ({ref}) for the tpu device: {exc!r}. "
+            "Please report this with your torch/transformers/accelerate/diffusers versions.",
+            stacklevel=3,
+        )
+
+
 def apply_patches(module: ModuleType) -> None:
     """Run the patches registered for `module` (idempotent per module object)."""
-    done: set = module.__dict__.setdefault("__hf_tpu_patched__", set())
     refs = HOOKS.get(module.__name__, ())
-    if refs:
-        from hf_tpu.integrations import versions
+    if not refs:
+        return
+    from hf_tpu.integrations import versions
 
-        versions.check(module.__name__.partition(".")[0])  # once per package: outside the verified range?
-    for ref in refs:
-        if ref in done:
-            continue
-        done.add(ref)
-        try:
-            _patch_function(ref)(module)
-        except Exception as exc:  # noqa: BLE001 - a broken patch must never break the user's import
-            warnings.warn(
-                f"hf_tpu: could not patch {module.__name__} ({ref}) for the tpu device: {exc!r}. "
-                "Please report this with your transformers/accelerate/diffusers versions.",
-                stacklevel=2,
-            )
+    versions.check(module.__name__.partition(".")[0])  # once per package: outside the verified range?
+    with _lock:
+        done = _applied.setdefault(module, set())
+        todo = [ref for ref in refs if ref not in done]
+        done.update(todo)
+    for ref in todo:
+        _run(ref, module)
+
+
+def install_torch_surface() -> None:
+    """Apply the AT_IMPORT rows (torch's own Python surface), when hf_tpu owns the registered `tpu` device
+    (not when torch_tpu does). Idempotent: `patching.patch` applies each once."""
+    from hf_tpu.runtime.device import registration
+
+    if not registration.is_registered():
+        return
+    from hf_tpu.integrations import versions
+
+    versions.check("torch")
+    from hf_tpu.integrations import patching
+
+    with patching.rebinding_once():
+        for module_name, ref in AT_IMPORT:
+            _run(ref, importlib.import_module(module_name))
 
 
 class _PatchingLoader(importlib.abc.Loader):
@@ -130,7 +123,8 @@ class _PatchingLoader(importlib.abc.Loader):
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__dict__.pop("__hf_tpu_patched__", None)  # importlib.reload re-executes: patch again
+        with _lock:
+            _applied.pop(module, None)  # importlib.reload re-executes: patch again
         self._loader.exec_module(module)
         apply_patches(module)
 
@@ -167,8 +161,10 @@ class _PostImportFinder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Put the post-import finder first on sys.meta_path and patch modules already imported (idempotent)."""
+    """Patch torch's own surface, put the post-import finder first on sys.meta_path and patch the hooked
+    modules already imported (idempotent)."""
     global _installed
+    install_torch_surface()
     with _lock:
         if not _installed:
             sys.meta_path.insert(0, _PostImportFinder())
@@ -183,4 +179,13 @@ def install() -> None:
                 apply_patches(module)
 
 
-__all__ = ["HOOKS", "apply_patches", "apply_pending", "install"]
+__all__ = [
+    "AT_IMPORT",
+    "HOOKS",
+    "PATCHES",
+    "applied",
+    "apply_patches",
+    "apply_pending",
+    "install",
+    "install_torch_surface",
+]

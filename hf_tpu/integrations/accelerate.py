@@ -17,8 +17,9 @@ from types import ModuleType
 
 import torch
 
-# the functions we replaced, keyed by module name, so repeated patching never wraps a wrapper
-_ORIGINALS: dict[str, object] = {}
+from hf_tpu.integrations import patching
+from hf_tpu.integrations.patching import patch
+
 # max_memory keys accelerate understands besides accelerator indices, in its placement order
 _HOST_KEYS = ("mps", "cpu", "disk")
 
@@ -61,12 +62,11 @@ def tpu_index(value) -> int | None:
 
 
 def _original_get_max_memory():
+    """accelerate's own `get_max_memory` (importing accelerate.utils.modeling patches it)."""
     modeling = sys.modules.get("accelerate.utils.modeling")
     if modeling is None:
         import accelerate.utils.modeling as modeling  # noqa: F811 - patched by our import hook
-    if "accelerate.utils.modeling" not in _ORIGINALS:
-        patch_modeling(modeling)
-    return _ORIGINALS["accelerate.utils.modeling"]
+    return patching.original(modeling, "get_max_memory")
 
 
 def _to_bytes(value) -> int:
@@ -143,17 +143,12 @@ def check_strategy_result(model, strategy: str, device_map: dict, max_memory, wa
 
 
 def patch_modeling(module: ModuleType) -> None:
-    """accelerate.utils.modeling: `infer_auto_device_map` and `get_balanced_memory` call it by module global."""
-    current = module.get_max_memory
-    if current is not get_max_memory:
-        _ORIGINALS["accelerate.utils.modeling"] = current
-        module.get_max_memory = get_max_memory
-
-
-def patch_utils(module: ModuleType) -> None:
-    """accelerate.utils re-exports the function by name; `from accelerate.utils import get_max_memory`."""
-    _original_get_max_memory()
-    module.get_max_memory = get_max_memory
+    """accelerate.utils.modeling: `infer_auto_device_map` and `get_balanced_memory` call it by module global;
+    the copies imported by value (accelerate.utils, diffusers' loaders, transformers' `accelerate_max_memory`)
+    are rebound, and modules imported later import ours."""
+    patch(
+        module, "get_max_memory", lambda _: get_max_memory, rebind=("get_max_memory", "accelerate_max_memory")
+    )
 
 
 def patch_dataclasses(module: ModuleType) -> None:
@@ -174,21 +169,20 @@ def patch_dataclasses(module: ModuleType) -> None:
 
 def patch_state(module: ModuleType) -> None:
     """`PartialState.default_device` probes cuda, xpu, npu... but never tpu: add it (before the CPU default)."""
-    cls = module.PartialState
-    prop = cls.__dict__.get("default_device")
-    if not isinstance(prop, property) or getattr(prop.fget, "__hf_tpu__", False):
-        return
-    original = prop.fget
 
-    @functools.wraps(original)
-    def default_device(self) -> torch.device:
-        device = original(self)
-        if device.type == "cpu" and tpu_is_accelerator():
-            return torch.device("tpu", 0)
-        return device
+    def make(prop: property) -> property:
+        fget = prop.fget
 
-    default_device.__hf_tpu__ = True
-    cls.default_device = property(default_device, doc=prop.__doc__)
+        @functools.wraps(fget)
+        def default_device(self) -> torch.device:
+            device = fget(self)
+            if device.type == "cpu" and tpu_is_accelerator():
+                return torch.device("tpu", 0)
+            return device
+
+        return property(default_device, doc=prop.__doc__)
+
+    patch(module.PartialState, "default_device", make)
 
 
 _TPU_RNG_KEY = "torch_tpu_manual_seed"
@@ -209,10 +203,8 @@ def patch_checkpointing(module: ModuleType) -> None:
     not tpu's, so after `Accelerator.load_state` dropout drew other masks than the saved run would have.
     Add the tpu states (key "torch_tpu_manual_seed") and restore them. `accelerate.accelerator` imported
     both functions by name: rebind them there too."""
-    save, load = module.save_accelerator_state, module.load_accelerator_state
-    if not getattr(save, "__hf_tpu__", False):
-        original_save = save
 
+    def make_save(original_save):
         @functools.wraps(original_save)
         def save_accelerator_state(output_dir, *args, **kwargs):
             states = torch.tpu.get_rng_state_all() if tpu_is_accelerator() else None
@@ -224,12 +216,9 @@ def patch_checkpointing(module: ModuleType) -> None:
                 torch.save(saved, path)
             return result
 
-        save_accelerator_state.__hf_tpu__ = True
-        module.save_accelerator_state = save = save_accelerator_state
+        return save_accelerator_state
 
-    if not getattr(load, "__hf_tpu__", False):
-        original_load = load
-
+    def make_load(original_load):
         @functools.wraps(original_load)
         def load_accelerator_state(input_dir, *args, **kwargs):
             result = original_load(input_dir, *args, **kwargs)
@@ -240,10 +229,7 @@ def patch_checkpointing(module: ModuleType) -> None:
                     torch.tpu.set_rng_state_all(states)
             return result
 
-        load_accelerator_state.__hf_tpu__ = True
-        module.load_accelerator_state = load = load_accelerator_state
+        return load_accelerator_state
 
-    accelerator = sys.modules.get("accelerate.accelerator")
-    if accelerator is not None:
-        accelerator.save_accelerator_state = save
-        accelerator.load_accelerator_state = load
+    patch(module, "save_accelerator_state", make_save, rebind=("save_accelerator_state",))
+    patch(module, "load_accelerator_state", make_load, rebind=("load_accelerator_state",))

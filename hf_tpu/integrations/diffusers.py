@@ -8,31 +8,22 @@ instead of on CPU, and models loaded with `device_map="auto"` fill the tpu first
 from __future__ import annotations
 
 import functools
-import sys
 from types import ModuleType
 
 from hf_tpu.integrations import accelerate as _acc
-
-
-def patch_pipeline_loading_utils(module: ModuleType) -> None:
-    """`_get_final_device_map` calls its own `get_max_memory` (imported from accelerate.utils)."""
-    if hasattr(module, "get_max_memory"):
-        module.get_max_memory = _acc.get_max_memory
+from hf_tpu.integrations.patching import patch
 
 
 def patch_model_loading_utils(module: ModuleType) -> None:
-    """`_determine_device_map` calls its own `get_max_memory` (get_balanced_memory uses accelerate's, patched),
-    and gets the same "nothing on tpu is an error" check as transformers."""
-    if hasattr(module, "get_max_memory"):
-        module.get_max_memory = _acc.get_max_memory
+    """`_determine_device_map` gets the same "nothing on tpu is an error" check as transformers (the copies
+    diffusers.models.modeling_utils and the single-file loader imported by name are rebound). Its
+    `get_max_memory`, imported from accelerate.utils, is accelerate's patched one
+    (`accelerate.patch_modeling`)."""
     if hasattr(module, "_determine_device_map"):
-        module._determine_device_map = _wrap_determine_device_map(module._determine_device_map)
+        patch(module, "_determine_device_map", _wrap_determine_device_map, rebind=("_determine_device_map",))
 
 
 def _wrap_determine_device_map(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def _determine_device_map(model, device_map, max_memory, *args, **kwargs):
         strategy = device_map if isinstance(device_map, str) else None
@@ -44,15 +35,7 @@ def _wrap_determine_device_map(original):
             _acc.check_strategy_result(model, strategy, result, max_memory, warn)
         return result
 
-    _determine_device_map.__hf_tpu__ = True
     return _determine_device_map
-
-
-def rebind_determine_device_map(module: ModuleType) -> None:
-    """diffusers.models.modeling_utils and the single-file loader imported `_determine_device_map` by name."""
-    source = sys.modules.get("diffusers.models.model_loading_utils")
-    if source is not None and hasattr(module, "_determine_device_map"):
-        module._determine_device_map = source._determine_device_map
 
 
 def patch_pipeline_utils(module: ModuleType) -> None:
@@ -60,3 +43,12 @@ def patch_pipeline_utils(module: ModuleType) -> None:
     supported = getattr(module, "SUPPORTED_DEVICE_MAP", None)
     if isinstance(supported, list) and "tpu" not in supported and _acc.tpu_is_accelerator():
         supported.append("tpu")
+
+
+def refresh_device_detection(module: ModuleType) -> None:
+    """diffusers.utils.torch_utils: `TorchDeviceBackend._detect_device_type` (lru_cache) sees the registered
+    `tpu` device whatever the import order: a cache computed before registration is cleared."""
+    backend = getattr(module, "TorchDeviceBackend", None)
+    detect = getattr(backend, "_detect_device_type", None) if backend is not None else None
+    if hasattr(detect, "cache_clear"):
+        detect.cache_clear()

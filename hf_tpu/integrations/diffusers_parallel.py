@@ -32,6 +32,7 @@ from types import ModuleType
 import torch
 
 from hf_tpu.integrations import sharding as policies
+from hf_tpu.integrations.patching import patch
 from hf_tpu.runtime.buffers import placement
 from hf_tpu.runtime.tensors.sharding import shard
 
@@ -335,9 +336,6 @@ def ulysses_attention(
 
 
 def _wrap_templated(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def _templated_context_parallel_attention(
         query,
@@ -402,16 +400,13 @@ def _wrap_templated(original):
             _parallel_config=None,
         )
 
-    _templated_context_parallel_attention.__hf_tpu__ = True
     return _templated_context_parallel_attention
 
 
 def patch_attention_dispatch(module: ModuleType) -> None:
     """diffusers.models.attention_dispatch: single-controller context parallel attention (see above)."""
     if hasattr(module, "_templated_context_parallel_attention"):
-        module._templated_context_parallel_attention = _wrap_templated(
-            module._templated_context_parallel_attention
-        )
+        patch(module, "_templated_context_parallel_attention", _wrap_templated)
 
 
 # -- diffusers' ParallelConfig without a process group ---------------------------------------------------------
@@ -481,9 +476,6 @@ def apply_parallel_config(model: torch.nn.Module, config, cp_plan: dict | None =
 
 
 def _wrap_enable_parallelism(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def enable_parallelism(self, *, config, cp_plan=None):
         on_tpu = any(p.device.type == "tpu" for p in self.parameters())
@@ -495,7 +487,6 @@ def _wrap_enable_parallelism(original):
             )
         apply_parallel_config(self, config, cp_plan)
 
-    enable_parallelism.__hf_tpu__ = True
     return enable_parallelism
 
 
@@ -503,7 +494,7 @@ def patch_modeling_utils(module: ModuleType) -> None:
     """diffusers.models.modeling_utils: `enable_parallelism` without a process group runs on the mesh."""
     model_mixin = getattr(module, "ModelMixin", None)
     if model_mixin is not None and "enable_parallelism" in model_mixin.__dict__:
-        model_mixin.enable_parallelism = _wrap_enable_parallelism(model_mixin.enable_parallelism)
+        patch(model_mixin, "enable_parallelism", _wrap_enable_parallelism)
 
 
 def single_controller_parallel_config(kwargs: dict) -> tuple[str | None, Callable | None]:

@@ -26,6 +26,7 @@ from types import ModuleType
 import torch
 
 from hf_tpu.integrations import sharding as policies
+from hf_tpu.integrations.patching import patch
 
 _local = threading.local()
 
@@ -115,9 +116,6 @@ class _PlacingStateDict(dict):
 
 
 def _wrap_load_model_dict_into_meta(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def load_model_dict_into_meta(model, state_dict, *args, **kwargs):
         load = active()
@@ -132,14 +130,13 @@ def _wrap_load_model_dict_into_meta(original):
         )
         return original(model, placing, *args, **kwargs)
 
-    load_model_dict_into_meta.__hf_tpu__ = True
     return load_model_dict_into_meta
 
 
 def patch_model_loading_utils(module: ModuleType) -> None:
     """diffusers.models.model_loading_utils: `_load_shard_file` sets weights through `load_model_dict_into_meta`."""
     if hasattr(module, "load_model_dict_into_meta") and hasattr(module, "_determine_param_device"):
-        module.load_model_dict_into_meta = _wrap_load_model_dict_into_meta(module.load_model_dict_into_meta)
+        patch(module, "load_model_dict_into_meta", _wrap_load_model_dict_into_meta)
 
 
 def _several_chips() -> bool:
@@ -160,12 +157,7 @@ def _targets_tpu(device_map) -> bool:
     return tpu_index(device_map) is not None
 
 
-def _wrap_from_pretrained(cls) -> None:
-    descriptor = cls.__dict__.get("from_pretrained")
-    if not isinstance(descriptor, classmethod) or getattr(descriptor.__func__, "__hf_tpu__", False):
-        return
-    original = descriptor.__func__
-
+def _wrap_from_pretrained(original):
     @functools.wraps(original)
     def from_pretrained(klass, *args, **kwargs):
         from hf_tpu.integrations import diffusers_parallel
@@ -181,12 +173,11 @@ def _wrap_from_pretrained(cls) -> None:
             after(model)
         return model
 
-    from_pretrained.__hf_tpu__ = True
-    cls.from_pretrained = classmethod(from_pretrained)
+    return from_pretrained
 
 
 def patch_modeling_utils(module: ModuleType) -> None:
     """diffusers.models.modeling_utils: `ModelMixin.from_pretrained` on several chips loads sharded."""
     model_mixin = getattr(module, "ModelMixin", None)
-    if model_mixin is not None:
-        _wrap_from_pretrained(model_mixin)
+    if model_mixin is not None and isinstance(vars(model_mixin).get("from_pretrained"), classmethod):
+        patch(model_mixin, "from_pretrained", _wrap_from_pretrained)

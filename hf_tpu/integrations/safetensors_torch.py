@@ -14,10 +14,11 @@ backend without a zero-copy path.
 from __future__ import annotations
 
 import functools
-import sys
 from types import ModuleType
 
 import torch
+
+from hf_tpu.integrations.patching import patch
 
 
 def _is_tpu(device) -> bool:
@@ -27,19 +28,21 @@ def _is_tpu(device) -> bool:
 
 
 def patch_safetensors_torch(module: ModuleType) -> None:
-    original = getattr(module, "load_file", None)
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
+    """safetensors.torch: `load_file(path, device="tpu")` reads on CPU, then copies each tensor to tpu."""
 
-    @functools.wraps(original)
-    def load_file(filename, device="cpu", **kwargs):  # safetensors 0.8 adds `backend=` (load_model passes it)
-        if not _is_tpu(device):
-            return original(filename, device=device, **kwargs)
-        loaded = original(filename, device="cpu", **kwargs)
-        return {name: tensor.to(device) for name, tensor in loaded.items()}
+    def make(original):
+        @functools.wraps(original)
+        def load_file(
+            filename, device="cpu", **kwargs
+        ):  # safetensors 0.8 adds `backend=` (load_model passes it)
+            if not _is_tpu(device):
+                return original(filename, device=device, **kwargs)
+            loaded = original(filename, device="cpu", **kwargs)
+            return {name: tensor.to(device) for name, tensor in loaded.items()}
 
-    load_file.__hf_tpu__ = True
-    module.load_file = load_file
+        return load_file
+
+    patch(module, "load_file", make, rebind=("load_file",))
 
 
 class _OnTpu:
@@ -66,18 +69,14 @@ class _OnTpu:
 def patch_safe_open(module: ModuleType) -> None:
     """safetensors: `safe_open(..., device="tpu")`; copies imported by name (accelerate's modeling and
     offload utilities) are rebound when they were imported before this patch."""
-    original = getattr(module, "safe_open", None)
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
 
-    def safe_open(filename, framework, device="cpu", **kwargs):
-        if framework in ("pt", "torch") and _is_tpu(device):
-            return _OnTpu(original(filename, framework=framework, device="cpu", **kwargs), device)
-        return original(filename, framework=framework, device=device, **kwargs)
+    def make(original):
+        def safe_open(filename, framework, device="cpu", **kwargs):
+            if framework in ("pt", "torch") and _is_tpu(device):
+                return _OnTpu(original(filename, framework=framework, device="cpu", **kwargs), device)
+            return original(filename, framework=framework, device=device, **kwargs)
 
-    safe_open.__hf_tpu__ = True
-    safe_open.__doc__ = original.__doc__
-    module.safe_open = safe_open
-    for imported in list(sys.modules.values()):
-        if imported is not module and getattr(imported, "safe_open", None) is original:
-            imported.safe_open = safe_open
+        safe_open.__doc__ = original.__doc__
+        return safe_open
+
+    patch(module, "safe_open", make, rebind=("safe_open",))

@@ -10,17 +10,19 @@ from __future__ import annotations
 import functools
 from types import ModuleType
 
+from hf_tpu.integrations.patching import patch
+
 
 def allow_tpu(module: ModuleType) -> None:
-    original = getattr(module, "_validate_device", None)
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
+    """`_validate_device` lets tpu through; every other device keeps PyTorch's own check."""
 
-    @functools.wraps(original)
-    def _validate_device(query, key, value):
-        if query.device.type == "tpu":
-            return None
-        return original(query, key, value)
+    def make(original):
+        @functools.wraps(original)
+        def _validate_device(query, key, value):
+            if query.device.type == "tpu":
+                return None
+            return original(query, key, value)
 
-    _validate_device.__hf_tpu__ = True
-    module._validate_device = _validate_device
+        return _validate_device
+
+    patch(module, "_validate_device", make)

@@ -23,7 +23,7 @@ compileable cache; `TrainingArguments.device` is `tpu:0`; testing_utils fills it
   loop's own eager ops run deferred and fused, so step N+1 is queued while step N runs.
 - continuous batching (`generate_batch`) sizes its paged KV cache from tpu memory, not the host's.
 - `Trainer` (with accelerate's `PartialState` now picking tpu, see `accelerate.py`): `dataloader_pin_memory`
-  is turned off on tpu (there is nothing to pin, see runtime/device/pinned.py: no pinning thread is needed), as
+  is turned off on tpu (there is nothing to pin, see torch_tensor.py: no pinning thread is needed), as
   transformers does for `use_cpu`; the default `adamw_torch_fused` runs the runtime's `_fused_adamw_`
   (it becomes `adamw_torch` only on a runtime without that kernel). Checkpoints (`save_steps`) also hold
   the tpu generator's state under "tpu" and `resume_from_checkpoint` restores it (transformers saves only
@@ -39,7 +39,6 @@ import copy
 import functools
 import inspect
 import os
-import sys
 import threading
 from types import ModuleType
 
@@ -47,6 +46,7 @@ import torch
 
 from hf_tpu.integrations import accelerate as _acc
 from hf_tpu.integrations.accelerate import logical_device_error, tpu_index, tpu_is_accelerator
+from hf_tpu.integrations.patching import has_params, patch
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
@@ -79,9 +79,6 @@ def targets_tpu(device_map) -> bool:
 
 
 def _wrap_check_and_set_device_map(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def check_and_set_device_map(device_map):
         check_tpu_device_map(device_map)
@@ -90,14 +87,10 @@ def _wrap_check_and_set_device_map(original):
             check_tpu_device_map(result)
         return result
 
-    check_and_set_device_map.__hf_tpu__ = True
     return check_and_set_device_map
 
 
 def _wrap_get_device_map(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def _get_device_map(model, device_map, max_memory, hf_quantizer):
         strategy = device_map if isinstance(device_map, str) else None
@@ -106,7 +99,6 @@ def _wrap_get_device_map(original):
             _acc.check_strategy_result(model, strategy, result, max_memory, _logger().warning)
         return result
 
-    _get_device_map.__hf_tpu__ = True
     return _get_device_map
 
 
@@ -136,12 +128,7 @@ def check_tpu_dtype(dtype) -> None:
         ) from None
 
 
-def _wrap_from_pretrained(cls) -> None:
-    descriptor = cls.__dict__.get("from_pretrained")
-    if not isinstance(descriptor, classmethod) or getattr(descriptor.__func__, "__hf_tpu__", False):
-        return
-    original = descriptor.__func__
-
+def _wrap_from_pretrained(original):
     @functools.wraps(original)
     def from_pretrained(klass, *args, **kwargs):
         plan = _single_controller_tp_plan(kwargs)
@@ -169,8 +156,7 @@ def _wrap_from_pretrained(cls) -> None:
                 )
             raise
 
-    from_pretrained.__hf_tpu__ = True
-    cls.from_pretrained = classmethod(from_pretrained)
+    return from_pretrained
 
 
 def _several_chips() -> bool:
@@ -209,8 +195,6 @@ _compile_notice = threading.Event()
 
 class _EagerFallback:
     """The compiled forward generate uses for tpu; if compiling or running it fails, eager from then on."""
-
-    __hf_tpu__ = True
 
     def __init__(self, model, compiled) -> None:
         self._model = model
@@ -251,11 +235,7 @@ def tpu_compile_config(compile_config):
     return routed
 
 
-def _wrap_get_compiled_call(cls) -> None:
-    original = cls.__dict__.get("get_compiled_call")
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
-
+def _wrap_get_compiled_call(original):
     @functools.wraps(original)
     def get_compiled_call(self, compile_config):
         if self.device.type != "tpu":
@@ -277,8 +257,7 @@ def _wrap_get_compiled_call(cls) -> None:
         )
         return wrapper
 
-    get_compiled_call.__hf_tpu__ = True
-    cls.get_compiled_call = get_compiled_call
+    return get_compiled_call
 
 
 # -- decode loop without a host stall per token ---------------------------------------------------------------
@@ -292,8 +271,6 @@ def _deferred_stop_check_for_tpu(original: type) -> type:
     """
 
     class DeferredStopCheck(original):
-        __hf_tpu__ = True
-
         @staticmethod
         def is_supported(device, cache, cache_is_returned: bool, is_assistant: bool) -> bool:
             # upstream's own cache/assistant conditions, with tpu admitted like mps
@@ -328,22 +305,18 @@ def _croppable_part(cache):
     return cache
 
 
-def _wrap_generate(cls) -> None:
+def _wrap_generate(original):
     """Forget the previous call's compiled-step note (a beam search compiles without a decode loop)."""
-    original = cls.__dict__.get("generate")
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
 
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
         self.__dict__.pop("_hf_tpu_compiled_step", None)
         return original(self, *args, **kwargs)
 
-    generate.__hf_tpu__ = True
-    cls.generate = generate
+    return generate
 
 
-def _wrap_optimize_model_for_decode(cls) -> None:
+def _wrap_optimize_model_for_decode(original):
     """The decode loop around a compiled step runs its eager ops deferred and fused (DeferAndFuse).
 
     Between two compiled steps transformers runs ~50 small eager ops (logits slice and cast, logits
@@ -354,9 +327,6 @@ def _wrap_optimize_model_for_decode(cls) -> None:
     keeps blocking op by op) and only when this generate call compiled the step: an eager forward
     under DeferAndFuse would be recorded whole, one new program per length.
     """
-    original = cls.__dict__.get("_optimize_model_for_decode")
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
 
     @contextlib.contextmanager
     def _optimize_model_for_decode(self):
@@ -368,8 +338,7 @@ def _wrap_optimize_model_for_decode(cls) -> None:
             else:
                 yield
 
-    _optimize_model_for_decode.__hf_tpu__ = True
-    cls._optimize_model_for_decode = _optimize_model_for_decode
+    return _optimize_model_for_decode
 
 
 @contextlib.contextmanager
@@ -387,17 +356,14 @@ def _deferred_decode_loop():
 def patch_generation_utils(module: ModuleType) -> None:
     """transformers.generation.utils: on tpu the decode loop neither reads its stop flag nor runs its
     bookkeeping ops in lockstep with the device."""
-    original = getattr(module, "DeferredStopCheck", None)
-    if (
-        original is not None
-        and not getattr(original, "__hf_tpu__", False)
-        and hasattr(original, "is_supported")
-    ):
-        module.DeferredStopCheck = _deferred_stop_check_for_tpu(original)
+    if hasattr(getattr(module, "DeferredStopCheck", None), "is_supported"):
+        patch(module, "DeferredStopCheck", _deferred_stop_check_for_tpu)
     mixin = getattr(module, "GenerationMixin", None)
     if mixin is not None:
-        _wrap_generate(mixin)
-        _wrap_optimize_model_for_decode(mixin)
+        if "generate" in vars(mixin):
+            patch(mixin, "generate", _wrap_generate)
+        if "_optimize_model_for_decode" in vars(mixin):
+            patch(mixin, "_optimize_model_for_decode", _wrap_optimize_model_for_decode)
 
 
 # -- offloaded KV caches -------------------------------------------------------------------------------------
@@ -407,8 +373,8 @@ def patch_cache_utils(module: ModuleType) -> None:
     from hf_tpu.integrations import transformers_sharding
 
     layer = getattr(module, "StaticLayer", None)
-    if layer is not None and "lazy_initialization" in layer.__dict__:
-        layer.lazy_initialization = transformers_sharding.shard_static_layer(layer.lazy_initialization)
+    if layer is not None and "lazy_initialization" in vars(layer):
+        patch(layer, "lazy_initialization", transformers_sharding.shard_static_layer)
     _patch_offloaded_update(module)
 
 
@@ -418,28 +384,30 @@ def _patch_offloaded_update(module: ModuleType) -> None:
     CUDA enabled"). tpu's copies to and from the host are queued in program order, so a tpu cache prefetches
     the next layer and offloads this one without the stream handshake; the rest is upstream's update."""
     cls = getattr(module, "Cache", None)
-    original = getattr(cls, "update", None)
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
-    needed = ("prefetch", "offload", "layers", "layer_class_to_replicate", "only_non_sliding")
-    source = inspect.getsource(original)
-    if "torch.cuda.default_stream" not in source or not all(name in source for name in needed):
-        return  # upstream changed how it offloads: leave it alone
+    if cls is None or not (
+        has_params(cls.__init__, ("layer_class_to_replicate", "offloading", "offload_only_non_sliding"))
+        and has_params(getattr(cls, "prefetch", None), ("layer_idx", "only_non_sliding"))
+        and has_params(getattr(cls, "offload", None), ("layer_idx", "only_non_sliding"))
+        and has_params(getattr(cls, "update", None), ("key_states", "value_states", "layer_idx"))
+    ):
+        return  # upstream changed how it offloads: leave it alone (test_patch_targets says so)
 
-    @functools.wraps(original)
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        if not (getattr(self, "offloading", False) and key_states.device.type == "tpu"):
-            return original(self, key_states, value_states, layer_idx, *args, **kwargs)
-        if self.layer_class_to_replicate is not None:
-            while len(self.layers) <= layer_idx:
-                self.layers.append(self.layer_class_to_replicate())
-        self.prefetch(layer_idx + 1, self.only_non_sliding)
-        keys, values = self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
-        self.offload(layer_idx, self.only_non_sliding)
-        return keys, values
+    def make(original):
+        @functools.wraps(original)
+        def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+            if not (getattr(self, "offloading", False) and key_states.device.type == "tpu"):
+                return original(self, key_states, value_states, layer_idx, *args, **kwargs)
+            if self.layer_class_to_replicate is not None:
+                while len(self.layers) <= layer_idx:
+                    self.layers.append(self.layer_class_to_replicate())
+            self.prefetch(layer_idx + 1, self.only_non_sliding)
+            keys, values = self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+            self.offload(layer_idx, self.only_non_sliding)
+            return keys, values
 
-    update.__hf_tpu__ = True
-    cls.update = update
+        return update
+
+    patch(cls, "update", make)
 
 
 # -- continuous batching: size the paged KV cache from tpu memory ---------------------------------------------
@@ -467,63 +435,68 @@ def patch_continuous_batching_cache(module: ModuleType) -> None:
     device; it answers for cuda/xpu/mps and else for the host. A cache being built for tpu gets the tpu's
     numbers (else the host's RAM would size a tpu cache: on the CPU platform ~90% of it, zero-filled)."""
     cache_cls = getattr(module, "PagedAttentionCache", None)
-    original_breakdown = getattr(module, "get_device_and_memory_breakdown", None)
-    if cache_cls is None or original_breakdown is None or getattr(original_breakdown, "__hf_tpu__", False):
+    if cache_cls is None or not hasattr(module, "get_device_and_memory_breakdown"):
         return
 
-    @functools.wraps(original_breakdown)
-    def get_device_and_memory_breakdown(*args, **kwargs):
-        if getattr(_building_cache_for, "tpu", False):
-            return tpu_memory_breakdown()
-        return original_breakdown(*args, **kwargs)
+    def make_breakdown(original_breakdown):
+        @functools.wraps(original_breakdown)
+        def get_device_and_memory_breakdown(*args, **kwargs):
+            if getattr(_building_cache_for, "tpu", False):
+                return tpu_memory_breakdown()
+            return original_breakdown(*args, **kwargs)
 
-    get_device_and_memory_breakdown.__hf_tpu__ = True
-    module.get_device_and_memory_breakdown = get_device_and_memory_breakdown
+        return get_device_and_memory_breakdown
 
-    original_init = cache_cls.__init__
-    signature = inspect.signature(original_init)
+    def make_init(original_init):
+        signature = inspect.signature(original_init)
 
-    @functools.wraps(original_init)
-    def __init__(self, *args, **kwargs):
-        device = signature.bind_partial(self, *args, **kwargs).arguments.get("device")
-        previous = getattr(_building_cache_for, "tpu", False)
-        _building_cache_for.tpu = device is not None and torch.device(device).type == "tpu"
-        try:
-            original_init(self, *args, **kwargs)
-        finally:
-            _building_cache_for.tpu = previous
+        @functools.wraps(original_init)
+        def __init__(self, *args, **kwargs):
+            device = signature.bind_partial(self, *args, **kwargs).arguments.get("device")
+            previous = getattr(_building_cache_for, "tpu", False)
+            _building_cache_for.tpu = device is not None and torch.device(device).type == "tpu"
+            try:
+                original_init(self, *args, **kwargs)
+            finally:
+                _building_cache_for.tpu = previous
 
-    cache_cls.__init__ = __init__
+        return __init__
+
+    patch(module, "get_device_and_memory_breakdown", make_breakdown)
+    patch(cache_cls, "__init__", make_init)
 
 
 # -- patches (applied by hf_tpu.integrations' import hook) -----------------------------------------------------
 def patch_integrations_accelerate(module: ModuleType) -> None:
-    """transformers.integrations.accelerate: its own copy of accelerate's get_max_memory, and the map helpers."""
-    if hasattr(module, "accelerate_max_memory"):
-        module.accelerate_max_memory = _acc.get_max_memory
-    module.check_and_set_device_map = _wrap_check_and_set_device_map(module.check_and_set_device_map)
-    module._get_device_map = _wrap_get_device_map(module._get_device_map)
+    """transformers.integrations.accelerate: the device-map helpers (and modeling_utils' copies of them).
+    Its own copy of accelerate's get_max_memory (`accelerate_max_memory`) is rebound by
+    `accelerate.patch_modeling`."""
+    patch(
+        module,
+        "check_and_set_device_map",
+        _wrap_check_and_set_device_map,
+        rebind=("check_and_set_device_map",),
+    )
+    patch(module, "_get_device_map", _wrap_get_device_map, rebind=("_get_device_map",))
 
 
 def patch_modeling_utils(module: ModuleType) -> None:
-    """transformers.modeling_utils imported the map helpers by name; PreTrainedModel gets the tpu checks."""
-    integ = sys.modules.get("transformers.integrations.accelerate")
-    if integ is not None:
-        for name in ("check_and_set_device_map", "_get_device_map"):
-            if hasattr(module, name):
-                setattr(module, name, getattr(integ, name))
-    _wrap_from_pretrained(module.PreTrainedModel)
-    _wrap_get_compiled_call(module.PreTrainedModel)
+    """transformers.modeling_utils: PreTrainedModel gets the tpu checks and the compiled-decode fallback."""
+    cls = module.PreTrainedModel
+    patch(cls, "from_pretrained", _wrap_from_pretrained)
+    if "get_compiled_call" in vars(cls):
+        patch(cls, "get_compiled_call", _wrap_get_compiled_call)
 
 
 def patch_training_args(module: ModuleType) -> None:
     """TrainingArguments on tpu: no pinned host memory (DataLoader would ask the tpu for a pinned
     allocator), and `torch_compile=True` compiles with the `tpu` backend unless another is named."""
     cls = module.TrainingArguments
-    original = cls.__dict__.get("__post_init__")
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
+    if "__post_init__" in vars(cls):
+        patch(cls, "__post_init__", _wrap_post_init)
 
+
+def _wrap_post_init(original):
     @functools.wraps(original)
     def __post_init__(self, *args, **kwargs):
         backend_given = self.torch_compile_backend is not None
@@ -543,8 +516,7 @@ def patch_training_args(module: ModuleType) -> None:
             )
             self.optim = type(self.optim)("adamw_torch") if hasattr(self.optim, "value") else "adamw_torch"
 
-    __post_init__.__hf_tpu__ = True
-    cls.__post_init__ = __post_init__
+    return __post_init__
 
 
 def _rng_state_file(trainer, directory: str) -> str:
@@ -563,35 +535,40 @@ def patch_trainer(module: ModuleType) -> None:
     """transformers.trainer: checkpoints save and restore the tpu generator (key "tpu") next to the
     cpu/cuda/npu/... states Trainer keeps; without it a resumed run drew other dropout masks."""
     cls = module.Trainer
-    save, load = cls.__dict__.get("_save_rng_state"), cls.__dict__.get("_load_rng_state")
-    if save is None or load is None or getattr(save, "__hf_tpu__", False):
+    if "_save_rng_state" not in vars(cls) or "_load_rng_state" not in vars(cls):
         return
 
-    @functools.wraps(save)
-    def _save_rng_state(self, output_dir: str) -> None:
-        state = torch.tpu.get_rng_state() if self.args.device.type == "tpu" else None
-        save(self, output_dir)
-        path = _rng_state_file(self, output_dir)
-        if state is None or not os.path.isfile(path):
-            return
-        states = _load_rng_states(module, path)
-        states["tpu"] = state
-        torch.save(states, path)
+    def make_save(save):
+        @functools.wraps(save)
+        def _save_rng_state(self, output_dir: str) -> None:
+            state = torch.tpu.get_rng_state() if self.args.device.type == "tpu" else None
+            save(self, output_dir)
+            path = _rng_state_file(self, output_dir)
+            if state is None or not os.path.isfile(path):
+                return
+            states = _load_rng_states(module, path)
+            states["tpu"] = state
+            torch.save(states, path)
 
-    @functools.wraps(load)
-    def _load_rng_state(self, checkpoint: str | None) -> None:
-        load(self, checkpoint)
-        if checkpoint is None or self.args.device.type != "tpu":
-            return
-        path = _rng_state_file(self, checkpoint)
-        if not os.path.isfile(path):
-            return
-        state = _load_rng_states(module, path).get("tpu")
-        if state is not None:
-            torch.tpu.set_rng_state(state)
+        return _save_rng_state
 
-    _save_rng_state.__hf_tpu__ = _load_rng_state.__hf_tpu__ = True
-    cls._save_rng_state, cls._load_rng_state = _save_rng_state, _load_rng_state
+    def make_load(load):
+        @functools.wraps(load)
+        def _load_rng_state(self, checkpoint: str | None) -> None:
+            load(self, checkpoint)
+            if checkpoint is None or self.args.device.type != "tpu":
+                return
+            path = _rng_state_file(self, checkpoint)
+            if not os.path.isfile(path):
+                return
+            state = _load_rng_states(module, path).get("tpu")
+            if state is not None:
+                torch.tpu.set_rng_state(state)
+
+        return _load_rng_state
+
+    patch(cls, "_save_rng_state", make_save)
+    patch(cls, "_load_rng_state", make_load)
 
 
 def _has_lowering(op: str) -> bool:
@@ -628,3 +605,12 @@ def patch_testing_utils(module: ModuleType) -> None:
         table = getattr(module, name, None)
         if isinstance(table, dict):
             table.setdefault("tpu", fn)
+
+
+def refresh_device_caches(module: ModuleType) -> None:
+    """transformers.utils.import_utils: device facts cached once (lru_cache) see the registered `tpu` device,
+    whatever the import order (DESIGN §3.1): a cache computed before registration is cleared."""
+    for name in ("is_torch_tpu_available", "is_torch_flex_attn_available", "is_torch_accelerator_available"):
+        fn = getattr(module, name, None)
+        if hasattr(fn, "cache_clear"):
+            fn.cache_clear()

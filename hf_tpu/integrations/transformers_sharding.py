@@ -25,6 +25,7 @@ from types import ModuleType
 import torch
 
 from hf_tpu.integrations import sharding as policies
+from hf_tpu.integrations.patching import patch
 
 _local = threading.local()
 _ORIGINALS: dict[str, object] = {}
@@ -180,16 +181,12 @@ def materialize(tensor, dtype: torch.dtype | None, spec: tuple | None) -> torch.
 
 
 def _wrap_spawn_materialize(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def spawn_materialize(thread_pool, tensor, device=None, dtype=None, sharding_op=None, tensor_idx=None):
         if active() is not None and sharding_op is None and _is_tpu(device):
             return PendingPlacement(thread_pool, tensor, dtype)
         return original(thread_pool, tensor, device, dtype, sharding_op=sharding_op, tensor_idx=tensor_idx)
 
-    spawn_materialize.__hf_tpu__ = True
     return spawn_materialize
 
 
@@ -199,28 +196,25 @@ def _is_tpu(device) -> bool:
     return device is not None and tpu_index(device) is not None
 
 
-def _wrap_add_tensor(cls, renaming_cls) -> None:
-    original = cls.__dict__.get("add_tensor")
-    if original is None or getattr(original, "__hf_tpu__", False):
-        return
+def _wrap_add_tensor(renaming_cls):
+    def make(original):
+        @functools.wraps(original)
+        def add_tensor(self, target_key, source_key, source_pattern, future):
+            if type(future) is PendingPlacement:
+                load = active()
+                plain = (
+                    isinstance(self, renaming_cls) and getattr(self, "quantization_operation", None) is None
+                )
+                spec = load.spec_for(target_key, future.shape()) if plain and load is not None else None
+                future = future.submit(spec)
+            return original(self, target_key, source_key, source_pattern, future)
 
-    @functools.wraps(original)
-    def add_tensor(self, target_key, source_key, source_pattern, future):
-        if type(future) is PendingPlacement:
-            load = active()
-            plain = isinstance(self, renaming_cls) and getattr(self, "quantization_operation", None) is None
-            spec = load.spec_for(target_key, future.shape()) if plain and load is not None else None
-            future = future.submit(spec)
-        return original(self, target_key, source_key, source_pattern, future)
+        return add_tensor
 
-    add_tensor.__hf_tpu__ = True
-    cls.add_tensor = add_tensor
+    return make
 
 
 def _wrap_set_param_for_module(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def set_param_for_module(model, target_name, param_value, *args, **kwargs):
         load = active()
@@ -243,14 +237,10 @@ def _wrap_set_param_for_module(original):
                 param_value = policies.place_tensor(param_value.detach(), spec)
         return original(model, target_name, param_value, *args, **kwargs)
 
-    set_param_for_module.__hf_tpu__ = True
     return set_param_for_module
 
 
 def _wrap_convert_and_load(original):
-    if getattr(original, "__hf_tpu__", False):
-        return original
-
     @functools.wraps(original)
     def convert_and_load_state_dict_in_model(model, state_dict, load_config, *args, **kwargs):
         load = active()
@@ -258,7 +248,6 @@ def _wrap_convert_and_load(original):
             load.begin(model, getattr(load_config, "device_map", None))
         return original(model, state_dict, load_config, *args, **kwargs)
 
-    convert_and_load_state_dict_in_model.__hf_tpu__ = True
     return convert_and_load_state_dict_in_model
 
 
@@ -272,48 +261,42 @@ def patch_core_model_loading(module: ModuleType) -> None:
     )
     if not all(hasattr(module, n) for n in needed):
         return  # upstream changed its loader: loads stay unsharded (placed after loading)
-    module.spawn_materialize = _wrap_spawn_materialize(module.spawn_materialize)
-    module.set_param_for_module = _wrap_set_param_for_module(module.set_param_for_module)
-    module.convert_and_load_state_dict_in_model = _wrap_convert_and_load(
-        module.convert_and_load_state_dict_in_model
+    patch(module, "spawn_materialize", _wrap_spawn_materialize)
+    patch(module, "set_param_for_module", _wrap_set_param_for_module)
+    # modeling_utils and modeling_layers import the loader by name
+    patch(
+        module,
+        "convert_and_load_state_dict_in_model",
+        _wrap_convert_and_load,
+        rebind=("convert_and_load_state_dict_in_model",),
     )
-    _wrap_add_tensor(module.WeightTransform, module.WeightRenaming)
-    import sys
-
-    for name in ("transformers.modeling_utils", "transformers.modeling_layers"):
-        importer = sys.modules.get(name)
-        if importer is not None and hasattr(importer, "convert_and_load_state_dict_in_model"):
-            importer.convert_and_load_state_dict_in_model = module.convert_and_load_state_dict_in_model
+    if "add_tensor" in vars(module.WeightTransform):
+        patch(module.WeightTransform, "add_tensor", _wrap_add_tensor(module.WeightRenaming))
 
 
-def rebind_convert_and_load(module: ModuleType) -> None:
-    """transformers.modeling_utils / modeling_layers imported the loader by name; modeling_utils' caching
-    allocator warm-up (one `empty` the size of the whole model per device) is skipped for a sharded load:
-    tpu's `empty` allocates nothing, and a model spread over the chips fits no single one of them (the
-    load's own check, `check_fits`, compares each chip's share with what it has free)."""
-    import sys
+def skip_allocator_warmup(module: ModuleType) -> None:
+    """transformers.modeling_utils' caching allocator warm-up (one `empty` the size of the whole model per
+    device) is skipped for a sharded load: tpu's `empty` allocates nothing, and a model spread over the
+    chips fits no single one of them (the load's own check, `check_fits`, compares each chip's share with
+    what it has free)."""
+    if not hasattr(module, "caching_allocator_warmup"):
+        return
 
-    loader = sys.modules.get("transformers.core_model_loading")
-    if loader is not None and hasattr(module, "convert_and_load_state_dict_in_model"):
-        module.convert_and_load_state_dict_in_model = loader.convert_and_load_state_dict_in_model
-    warmup = getattr(module, "caching_allocator_warmup", None)
-    if warmup is not None and not getattr(warmup, "__hf_tpu__", False):
-
+    def make(warmup):
         @functools.wraps(warmup)
         def caching_allocator_warmup(*args, **kwargs):
             if active() is not None:
                 return None
             return warmup(*args, **kwargs)
 
-        caching_allocator_warmup.__hf_tpu__ = True
-        module.caching_allocator_warmup = caching_allocator_warmup
+        return caching_allocator_warmup
+
+    patch(module, "caching_allocator_warmup", make)
 
 
 # -- the KV cache of a sharded model ---------------------------------------------------------------------
 def shard_static_layer(original):
     """StaticLayer.lazy_initialization, then the KV buffers split by heads like the keys that fill them."""
-    if getattr(original, "__hf_tpu__", False):
-        return original
 
     @functools.wraps(original)
     def lazy_initialization(self, key_states, value_states, *args, **kwargs):
@@ -323,7 +306,6 @@ def shard_static_layer(original):
             _shard_kv_by_heads(self, key_states)
         return result
 
-    lazy_initialization.__hf_tpu__ = True
     return lazy_initialization
 
 

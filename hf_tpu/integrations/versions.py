@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sys
 import threading
 import warnings
 
@@ -48,6 +49,11 @@ def outside_message(package: str, version: str) -> str | None:
 
 
 def installed_version(package: str) -> str | None:
+    """The installed version: the imported module's `__version__` when it has one (reading package
+    metadata costs ~20 ms, too much for `import torch`, where torch's surface is patched), else metadata."""
+    version = getattr(sys.modules.get(package), "__version__", None)
+    if isinstance(version, str):
+        return str(version)
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

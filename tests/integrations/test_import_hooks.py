@@ -13,12 +13,13 @@ CHECK = """
 import sys
 import accelerate.utils, accelerate.utils.modeling, accelerate.state
 import transformers.integrations.accelerate as hf_acc
+from hf_tpu.integrations.patching import is_patched
 mine = "hf_tpu.integrations.accelerate"
 assert accelerate.utils.modeling.get_max_memory.__module__ == mine, "accelerate.utils.modeling"
 assert accelerate.utils.get_max_memory.__module__ == mine, "accelerate.utils"
 assert hf_acc.accelerate_max_memory.__module__ == mine, "transformers' copy"
-assert hf_acc.check_and_set_device_map.__hf_tpu__
-assert accelerate.state.PartialState.default_device.fget.__hf_tpu__
+assert is_patched(hf_acc, "check_and_set_device_map")
+assert is_patched(accelerate.state.PartialState, "default_device")
 memory = accelerate.utils.get_max_memory()
 assert list(memory)[0] == 0 and memory[0] > 0, memory
 print("OK")
@@ -83,7 +84,8 @@ def test_patches_survive_reload():
 HALF_IMPORTED = {
     "modeling_utils": (
         "import transformers.modeling_utils as target",
-        "assert target.PreTrainedModel.from_pretrained.__func__.__hf_tpu__",
+        "from hf_tpu.integrations.patching import is_patched\n    "
+        "assert is_patched(target.PreTrainedModel, 'from_pretrained')",
     ),
     "testing_utils": (
         "import transformers.testing_utils as target",

@@ -130,17 +130,19 @@ def test_jagged_nested_tensors_still_work():
     assert nt.cos().values().cpu().tolist() == pytest.approx([0.5403023] * 5)
 
 
-def test_storage_resize_says_what_to_do():
-    # was: "You should register `PrivateUse1HooksInterface` ... implement `resizePrivateUse1Bytes`"
+def test_storage_resize_works_as_on_cpu():
+    # was: "You should register `PrivateUse1HooksInterface` ... implement `resizePrivateUse1Bytes`"; then a
+    # refusal; now it resizes (FSDP2 frees and re-allocates parameter storages this way)
     x = torch.arange(4.0, device="tpu")
     assert x.untyped_storage().resize_(16).nbytes() == 16  # same size: nothing to do
-    with pytest.raises(
-        NotImplementedError, match=r"hf_tpu: a tpu storage cannot be resized .*tensor.resize_"
-    ):
-        x.untyped_storage().resize_(0)
-    with pytest.raises(NotImplementedError, match="cannot be resized"):
-        x.storage().resize_(8)
-    assert x.clone().resize_(10).shape == (10,)  # the tensor-level resize works
+    s = x.untyped_storage()
+    s.resize_(0)
+    assert s.nbytes() == 0 and x.untyped_storage().nbytes() == 0
+    y = torch.arange(4.0, device="tpu")
+    y.storage().resize_(8)
+    assert y.untyped_storage().nbytes() == 32
+    assert y.tolist() == [0.0, 1.0, 2.0, 3.0]  # the first bytes are kept when growing
+    assert torch.arange(4.0, device="tpu").resize_(10).shape == (10,)  # the tensor-level resize
 
 
 def _both(fn):

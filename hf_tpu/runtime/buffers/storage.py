@@ -135,6 +135,35 @@ class StorageRegistry:
             self._pending.append(ptr)
         return t
 
+    def resize(
+        self, storage: torch.UntypedStorage, nbytes: int, shape: tuple, dtype: torch.dtype, array
+    ) -> int:
+        """`storage.resize_(nbytes)` in place: the storage (every tensor viewing it) gets `nbytes` bytes
+        under a fresh unique fake pointer, as a reallocation gives a new address on CPU (so no two
+        storages' byte ranges ever overlap), and its payload, re-keyed, holds `array` in `shape`/`dtype`.
+        Returns the new pointer."""
+        old_ptr = storage.data_ptr()
+        if old_ptr not in self._payloads:
+            raise RuntimeError("hf_tpu: cannot resize a tpu storage without a payload")
+        counted = _is_buffer(array)
+        ptr, sweep = self._reserve(nbytes, counted)
+        if sweep:
+            self.sweep()
+        # torch swaps a storage's data pointer (and size) only with an empty one: empty it, then fill it
+        if storage.nbytes():
+            storage._swap_data_ptr_(_construct(ptr, DEVICE, 0))
+        if nbytes:
+            storage._swap_data_ptr_(_construct(ptr, DEVICE, nbytes))
+        with self._lock:
+            p = self._payloads.pop(old_ptr)
+            if p.counted:
+                self.allocated -= p.nbytes
+            p.array, p.shape, p.dtype, p.nbytes, p.counted = array, shape, dtype, nbytes, counted
+            self._payloads[ptr] = p
+            if type(array) is LazyValue:
+                self._pending.append(ptr)
+        return ptr
+
     def materialize_pending(self) -> None:
         """After a flush: payloads whose LazyValue was computed now hold the array itself."""
         with self._lock:

@@ -74,8 +74,6 @@ _WRAPPERS = (SAVE_RNG, WITH_RNG, WITH_EFFECTS)  # higher-order ops `interpret` h
 _warned: set = set()
 
 
-dynamo_prep.install()  # done already unless Dynamo's backend registry loaded before hf_tpu
-
 _lock = threading.Lock()
 _RECOMPILE_WARN_AT = 8
 _UNUSABLE_DONATION = "Some donated buffers were not usable"

@@ -1,2 +1,4 @@
-"""The `tpu` device as PyTorch sees it: registration, `torch.tpu`, torch.accelerator, hooks, and the
-torch surface (autocast, storages, generators, pinned memory, printing) installed for it."""
+"""The `tpu` device as PyTorch sees it: registration, `torch.tpu`, hooks, guard, autocast and the
+unsupported-layout errors. The patches of torch's Python surface the device needs (storages,
+torch.accelerator, generators, pinned memory, printing) live in hf_tpu.integrations: the runtime patches
+nothing."""

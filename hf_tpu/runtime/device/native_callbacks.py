@@ -2,7 +2,8 @@
 
 The extension (hf_tpu.runtime.native) registers PyTorch's C++ device guard; a generic
 `torch.Event(device="tpu")` or `torch.Stream(device="tpu")` then reaches these functions, so it has
-exactly the semantics of `torch.tpu.Event`/`torch.tpu.synchronize()`.
+exactly the semantics of `torch.tpu.Event`/`torch.tpu.synchronize()`; a storage resize reaching the
+C++ hook (`resizePrivateUse1Bytes`) resizes the registry storage here.
 """
 
 from __future__ import annotations
@@ -23,3 +24,10 @@ def synchronize() -> None:
 def check_device_index(index: int) -> None:
     """`torch.Generator("tpu:N")`: the same check (and error) as every other tpu:N."""
     device_module._check_index(torch.device("tpu", index))
+
+
+def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """`UntypedStorage.resize_` on tpu reaching PyTorch's C++ hook (`resizePrivateUse1Bytes`)."""
+    from hf_tpu.runtime.tensors.storages import resize_storage as resize
+
+    resize(storage, nbytes)

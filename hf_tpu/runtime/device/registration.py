@@ -1,5 +1,8 @@
 """Make `tpu` a PyTorch device: rename PrivateUse1, install hooks, guard, `torch.tpu` and the kernels.
 
+Only registration lives here; the patches of torch's Python surface the device needs are in
+hf_tpu.integrations (table.PATCHES), applied by `import hf_tpu` right after `register()`.
+
 `autoload()` is the `torch.backends` entry point torch calls at the end of every `import torch`, so it
 stays cheap and never raises: names, hooks and the device module only. Kernels are registered on the
 same call (registration is pure Python bookkeeping); JAX itself is imported on first use of a tensor.
@@ -74,37 +77,17 @@ def register() -> None:
             "_has_compatible_shallow_copy_type", _has_compatible_shallow_copy_type, "PrivateUse1"
         )
         _libs.append(shallow_copy_lib)
-        from hf_tpu.runtime.device import (
-            accelerator_api,
-            autocast,
-            dlpack,
-            generator,
-            module_conversion,
-            pinned,
-            printing,
-            record_stream,
-            storage_api,
-            unsupported_layouts,
-        )
+        from hf_tpu.runtime.device import autocast, unsupported_layouts
 
         autocast.register()
-        storage_api.install()
-        accelerator_api.install()
-        dlpack.install()
-        if ext is None:  # the C++ hooks give real tpu generators and pinned memory
-            generator.install()
-            pinned.install()
         unsupported_layouts.install()
-        printing.install()
-        record_stream.install()
-        module_conversion.install()
         from hf_tpu.runtime.distributed import registration as distributed
 
         distributed.register()  # the tpu_dist c10d backend (no JAX until a group is made)
         _registered = True
-    from hf_tpu.runtime.device import upstream_caches
-
-    upstream_caches.refresh()
+    # torch's Python surface (storages, torch.accelerator, Tensor methods, Module._apply, ...) and the
+    # upstream caches that must see the device are patched by hf_tpu.integrations, which `import hf_tpu`
+    # installs right after this: the runtime patches nothing
 
 
 # c10's own list of dense backends whose tensors can take each other's data (TensorImpl.h), plus tpu

@@ -5,9 +5,9 @@ Runs at `import torch` (through the device's autoload): no JAX here, only names 
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-import functools
-import inspect
+from collections.abc import Iterator
 
 import torch.distributed as dist
 
@@ -67,37 +67,21 @@ def world_size_being_initialized() -> int:
     return _world_size_initializing.get()
 
 
-def _wrap_init_process_group() -> None:
-    """Make `init_process_group` publish its `world_size` while it runs (`world_size_being_initialized`)."""
-    c10d = dist.distributed_c10d
-    original = c10d.init_process_group
-    if getattr(original, "__hf_tpu_wrapped__", False):
-        return
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def init_process_group(*args, **kwargs):
-        try:
-            size = signature.bind(*args, **kwargs).arguments.get("world_size", -1)
-        except TypeError:  # torch reports bad arguments itself
-            size = -1
-        token = _world_size_initializing.set(size if isinstance(size, int) and size > 0 else 0)
-        try:
-            return original(*args, **kwargs)
-        finally:
-            _world_size_initializing.reset(token)
-
-    init_process_group.__hf_tpu_wrapped__ = True
-    c10d.init_process_group = init_process_group
-    if dist.init_process_group is original:
-        dist.init_process_group = init_process_group
+@contextlib.contextmanager
+def world_size_initializing(size) -> Iterator[None]:
+    """Publish the `world_size` of the `init_process_group` call under way (`world_size_being_initialized`);
+    hf_tpu.integrations.torch_distributed wraps `init_process_group` in it (the runtime patches nothing)."""
+    token = _world_size_initializing.set(size if isinstance(size, int) and size > 0 else 0)
+    try:
+        yield
+    finally:
+        _world_size_initializing.reset(token)
 
 
 def register() -> None:
     """Register the backend (idempotent) and the platform hooks."""
     if _registered[0]:
         return
-    _wrap_init_process_group()
     if BACKEND_NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["tpu"])
     platform.BEFORE_BACKEND_INIT.append(bootstrap.before_backend_init)

@@ -34,7 +34,7 @@ def _redispatch_to_cpu(op):
     return kernel
 
 
-# setting a storage into a tensor: a byte storage torch allocated takes the tensor's dtype (storage_api.py)
+# setting a storage into a tensor: a byte storage torch allocated takes the tensor's dtype (integrations/torch_storage.py)
 _SET_STORAGE_OPS = ("set_.source_Storage_storage_offset", "set_.source_Storage")
 
 

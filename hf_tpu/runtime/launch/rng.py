@@ -4,7 +4,7 @@ A counter-based generator: (seed, offset) -> fold_in(key(seed), offset). Every r
 next offset, so a seeded program draws the same numbers every run. With the C++ extension
 (`hf_tpu.runtime.native`) the state lives in tpu's default `torch.Generator` and any
 `torch.Generator(device="tpu")` drives draws the same way (`material_of`); on the pure-Python path the
-device keeps the state here and `torch.Generator("tpu")` is a CPU generator (`device/generator.py`).
+device keeps the state here and `torch.Generator("tpu")` is a CPU generator (`hf_tpu/integrations/torch_generator.py`).
 Ops given a CPU `generator=` draw on CPU.
 
 What travels to an executable is the key *material*, a host uint32 triple (seed_hi, seed_lo, offset):

@@ -1,10 +1,17 @@
 """Storages torch creates itself on tpu (`torch.UntypedStorage(n, device="tpu")`, torch.load, deepcopy):
 a registry storage of n bytes (uint8, zeros until written) that takes the dtype of the first typed tensor
 set onto it whole, so that tensor reads its values directly instead of reinterpreting bytes at every op.
-`hf_tpu.runtime.device.storage_api` routes torch's storage constructors here.
+`hf_tpu.integrations.torch_storage` routes torch's storage constructors here.
+
+`resize_storage` is `UntypedStorage.resize_` on tpu (FSDP2 frees and reallocates unsharded parameters
+with it): the storage object stays and gets a new payload size under a fresh fake pointer. Reached from
+torch's Python method through hf_tpu's storage patch and from torch's C++ `resize_` through the
+extension's `resizePrivateUse1Bytes` hook (native_callbacks.resize_storage).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -14,7 +21,7 @@ from hf_tpu.runtime.buffers.memory import check_capacity
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import array_of
 from hf_tpu.runtime.launch import lazy
-from hf_tpu.runtime.tensors.tensor import _from_bytes
+from hf_tpu.runtime.tensors.tensor import _as_bytes, _from_bytes
 
 # pointers of storages created as bytes, not yet given a dtype by a tensor set onto them
 _untyped: set[int] = set()
@@ -82,3 +89,60 @@ def byteswap_storage(storage: torch.UntypedStorage, elem_size: int) -> None:
     rows = torch.empty(0, dtype=torch.uint8, device=storage.device)
     rows.set_(storage, 0, (nbytes // elem_size, elem_size), (elem_size, 1))
     rows.copy_(rows.flip(-1))
+
+
+def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """`UntypedStorage.resize_(nbytes)` on tpu, with PyTorch's semantics (FSDP2 frees an unsharded
+    parameter's storage with `resize_(0)` and reallocates it with `resize_(n)` before all-gathering into
+    it): the storage object and every tensor viewing it stay, and see the new payload; 0 frees the
+    payload; the first min(old, new) bytes are kept, the rest reads as zeros (uninitialized in torch).
+    Like a CPU reallocation, the storage gets a new (fake) data pointer whenever its size changes."""
+    nbytes = int(nbytes)
+    if nbytes < 0:
+        raise RuntimeError(f"resize_: new size must be non-negative, got {nbytes}")
+    old = storage.nbytes()
+    if nbytes == old:
+        return
+    ptr = storage.data_ptr()
+    p = REGISTRY.payload(ptr)
+    if p is None:
+        raise RuntimeError("hf_tpu: cannot resize a tpu storage without a payload")
+    if nbytes > old:
+        check_capacity(nbytes)
+    shape, dtype = _resized_layout(p.shape, p.dtype, nbytes)
+    array = None  # never written: reads as zeros
+    if nbytes and old and p.array is not None:
+        array = _resized_array(lazy.concrete(array_of(p)), p.dtype, dtype, shape, min(old, nbytes))
+    new_ptr = REGISTRY.resize(storage, nbytes, shape, dtype, array)
+    if ptr in _untyped:
+        _untyped.discard(ptr)
+        _untyped.add(new_ptr)
+
+
+def _resized_layout(shape: tuple, dtype: torch.dtype, nbytes: int) -> tuple[tuple, torch.dtype]:
+    """The payload layout of a storage of `shape`/`dtype` resized to `nbytes`: its trailing dims kept when
+    whole rows fit (freed, a (4, 8) payload is (0, 8) and comes back as (4, 8)), else flat in its dtype,
+    else bytes."""
+    size = dtype.itemsize
+    row = math.prod(shape[1:]) * size if shape else size
+    if shape and row and nbytes % row == 0:
+        return (nbytes // row, *shape[1:]), dtype
+    if nbytes % size == 0:
+        return (nbytes // size,), dtype
+    return (nbytes,), torch.uint8
+
+
+def _resized_array(array, old_dtype: torch.dtype, dtype: torch.dtype, shape: tuple, keep: int):
+    """`array` (of `old_dtype`) cut or zero-padded to `shape`/`dtype`, its first `keep` bytes kept."""
+    jax = platform.jax()
+    jnp = jax.numpy
+    if dtype == old_dtype:
+        flat = array.reshape(-1)
+        keep //= dtype.itemsize
+    else:  # resized to a size its dtype does not divide: the payload becomes bytes
+        flat = _as_bytes(jax, array)
+    flat = flat[:keep]
+    total = math.prod(shape)
+    if total > keep:
+        flat = jnp.concatenate([flat, jnp.zeros((total - keep,), flat.dtype)])
+    return flat.reshape(shape)

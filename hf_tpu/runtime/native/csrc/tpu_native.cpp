@@ -5,7 +5,8 @@
 // (`pin_memory()`, `torch.empty(..., pin_memory=True)`, `DataLoader(pin_memory=True)`), device
 // generators (`torch.Generator(device="tpu")`) and events (`torch.Event(device="tpu")`). This library
 // registers those; the device's work itself stays in Python/JAX, reached through the callbacks object
-// the Python side installs (`set_callbacks`).
+// the Python side installs (`set_callbacks`). The hooks also resize tpu storages in place (FSDP2's
+// `untyped_storage().resize_(n)`), again through a callback: the payloads live in Python.
 
 #include <torch/extension.h>
 
@@ -13,6 +14,7 @@
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 
 #include <atomic>
 #include <cstdint>
@@ -207,10 +209,13 @@ struct TpuHooks final : public at::PrivateUse1HooksInterface {
   at::Device getDeviceFromPtr(void*) const override { return at::Device(kTpu, 0); }
   bool isPinnedPtr(const void* data) const override { return PinnedHostAllocator::instance().contains(data); }
   at::Allocator* getPinnedMemoryAllocator() const override { return &PinnedHostAllocator::instance(); }
+  // `UntypedStorage.resize_(n)` (FSDP2 frees and reallocates unsharded parameters this way): the payload
+  // lives in the Python registry, which resizes the storage in place (storages.resize_storage).
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
-    TORCH_CHECK(
-        false, "hf_tpu: a tpu storage cannot be resized in place (", storage.nbytes(), " -> ", newsize,
-        " bytes): its payload is one fixed-size device buffer. Resize the tensor instead.");
+    py::gil_scoped_acquire gil;
+    py::object wrapped = py::reinterpret_steal<py::object>(THPStorage_Wrap(storage));
+    if (!wrapped) throw py::error_already_set();
+    callback("resize_storage")(wrapped, newsize);
   }
 };
 

@@ -3,47 +3,48 @@
 `Module._apply` converts a parameter in place (`param.data = new`) only when c10 calls the two tensor
 types shallow-copy compatible, which it does for its built-in dense backends (CPU, CUDA, MPS, HIP, XPU,
 HPU) and, for PrivateUse1, when the backend answers `aten::_has_compatible_shallow_copy_type` itself
-(registration.py does, so parameters keep their identity across tpu <-> CPU moves, as on CUDA).
-Otherwise (`torch.__future__.set_overwrite_module_params_on_conversion(True)`, or before that op was
-registered) moving makes a new Parameter per submodule entry: a tied weight (an embedding shared with
+(hf_tpu.runtime.device.registration does, so parameters keep their identity across tpu <-> CPU moves, as
+on CUDA). Otherwise (`torch.__future__.set_overwrite_module_params_on_conversion(True)`, or before that op
+was registered) moving makes a new Parameter per submodule entry: a tied weight (an embedding shared with
 the LM head, T5's `shared`) was converted once per place it appears and came out as two independent
 Parameters, so training updated them apart. After the outermost `_apply`, every place that held one
-tensor holds one converted tensor again.
+tensor holds one converted tensor again. Applied at `import hf_tpu` through `patching.patch`.
 """
 
 from __future__ import annotations
 
 import functools
 import threading
+from types import ModuleType
 
 import torch
 
+from hf_tpu.integrations.patching import patch
+
 _state = threading.local()
-_original_apply = None
 
 
-def install() -> None:
-    """Wrap `torch.nn.Module._apply` (idempotent)."""
-    global _original_apply
-    if _original_apply is not None:
-        return
-    _original_apply = original = torch.nn.Module._apply
+def keep_tied_tensors_tied(module_module: ModuleType) -> None:
+    """Wrap `torch.nn.Module._apply` (see the module docstring)."""
 
-    @functools.wraps(original)
-    def _apply(self, fn, recurse=True):
-        if not recurse or getattr(_state, "active", False):
-            return original(self, fn, recurse)
-        shared = _shared_entries(self)
-        _state.active = True
-        try:
-            result = original(self, fn, recurse)
-        finally:
-            _state.active = False
-        for entries in shared:
-            _retie(entries)
-        return result
+    def make(original):
+        @functools.wraps(original)
+        def _apply(self, fn, recurse=True):
+            if not recurse or getattr(_state, "active", False):
+                return original(self, fn, recurse)
+            shared = _shared_entries(self)
+            _state.active = True
+            try:
+                result = original(self, fn, recurse)
+            finally:
+                _state.active = False
+            for entries in shared:
+                _retie(entries)
+            return result
 
-    torch.nn.Module._apply = _apply
+        return _apply
+
+    patch(module_module.Module, "_apply", make)
 
 
 def _shared_entries(root: torch.nn.Module) -> list[list[tuple[dict, str]]]:

@@ -1,6 +1,6 @@
 """`torch.Generator(device="tpu")` on the pure-Python path (no C++ extension, `HF_TPU_NATIVE=0`): a CPU
 generator, so the diffusers idiom `torch.Generator("tpu").manual_seed(0)` works. With the extension
-(hf_tpu.runtime.native) it is a real tpu generator and this module is not installed.
+(hf_tpu.runtime.native) it is a real tpu generator and this patch is not applied.
 
 PyTorch builds a device generator through the backend's C++ hooks (`getNewGenerator`), which a backend
 defined in Python cannot provide: the call raised NotImplementedError, and code that builds its own
@@ -14,10 +14,13 @@ answer as before (the metaclass defers to the C type).
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
+from hf_tpu.integrations.patching import patch
+
 _CGenerator = torch._C.Generator
-_installed = False
 
 
 class _GeneratorType(type(_CGenerator)):
@@ -42,14 +45,16 @@ class Generator(_CGenerator, metaclass=_GeneratorType):
         return _CGenerator(device)
 
 
-def install() -> None:
-    global _installed
-    if _installed:
-        return
-    Generator.__module__ = "torch"
-    Generator.__qualname__ = Generator.__name__ = "Generator"
-    Generator.__doc__ = (
-        _CGenerator.__doc__ or ""
-    ) + "\n\nOn tpu (hf_tpu): a CPU generator; see hf_tpu.runtime.device.generator."
-    torch.Generator = Generator
-    _installed = True
+Generator.__module__ = "torch"
+Generator.__qualname__ = Generator.__name__ = "Generator"
+Generator.__doc__ = (
+    _CGenerator.__doc__ or ""
+) + "\n\nOn tpu (hf_tpu): a CPU generator; see hf_tpu.integrations.torch_generator."
+
+
+def cpu_generator_for_tpu(torch_module: ModuleType) -> None:
+    """`torch.Generator` accepts a tpu device (pure-Python path only)."""
+    from hf_tpu.runtime import native
+
+    if not native.active():
+        patch(torch_module, "Generator", lambda original: Generator)
