@@ -51,9 +51,6 @@ class Program:
         self.lines = lines
         self.outputs = outputs
         self.raises = raises
-        # compiled mode compares strides, storage offsets and storage sharing too (see
-        # strategies._writes_a_shared_intermediate for when it cannot yet)
-        self.layout_defined_when_compiled = True
 
     def source(self) -> str:
         names = ", ".join(i.name for i in self.inputs)

@@ -113,15 +113,10 @@ def test_bitwise_ops_of_integers_and_bools_still_run(mode):
     check(BITWISE_OPS_OF_INTEGERS_AND_BOOLS, mode)
 
 
-# ---------------------------------------------------------------- open: CPU's memory-overlap errors
+# ------------------------------------------------------------- fixed: CPU's memory-overlap errors
 # CPU refuses in-place writes whose destination overlaps an input (partially for elementwise ops and
-# copy_, at all for index ops) or overlaps itself; tpu has none of these checks and runs the program.
-# test_fuzz.check discards programs CPU rejects with "unsupported operation:" for now.
-
-OVERLAP_REASON = (
-    "tpu does not make CPU's memory-overlap checks (at::assert_no_overlap / assert_no_partial_overlap / "
-    "assert_no_internal_overlap) for in-place and out= ops; the fuzz discards these programs"
-)
+# copy_, at all for index ops) or overlaps itself; tpu ran these programs. Fixed in
+# hf_tpu/runtime/tensors/overlap.py (the same checks, same errors).
 
 INDEX_COPY_FROM_ITSELF = """
 def make_inputs(device):
@@ -183,7 +178,6 @@ def program(x0):
 """
 
 
-@pytest.mark.xfail(strict=True, reason=OVERLAP_REASON)
 @pytest.mark.parametrize("mode", ["strict", "defer"])
 @pytest.mark.parametrize(
     "source",
@@ -196,11 +190,13 @@ def program(x0):
     ids=["index_copy_-itself", "add_-partial-overlap", "index_put_-itself", "add_-expanded"],
 )
 def test_overlapping_in_place_write_raises_as_on_cpu(source, mode):
-    check(source, mode)
+    check(source, mode, same_message=True)
 
 
-# ------------------------------------------- open: issue 22 part 5, outputs follow CPU's meta strides
-# The generator makes such outputs contiguous (strategies.FOLLOW_META_STRIDES = False).
+# ------------------------------------------ fixed: issue 22 part 5, outputs follow CPU's meta strides
+# tpu returned every computed output contiguous, so `(x.t() * 2).t().view(-1)` raised where CPU (whose
+# TensorIterator keeps a permuted input's layout) ran it. Fixed in hf_tpu/runtime/execution/dispatch.py
+# (`_out_layout`: outputs whose meta strides are a dense permutation are computed in memory order).
 
 PERMUTED_ELEMENTWISE = """
 def make_inputs(device):
@@ -219,19 +215,14 @@ def program(x0):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 part 5: elementwise outputs on tpu are contiguous where CPU keeps a permuted input's "
-    "layout, so `(x.t() * 2).t().view(-1)` raises on tpu; the fuzz makes such outputs contiguous",
-)
-@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("mode", MODES)
 def test_elementwise_output_of_permuted_input_keeps_its_layout(mode):
     check(PERMUTED_ELEMENTWISE, mode)
 
 
-# the same in compiled mode: an output that views an intermediate written in place comes back contiguous
-# and on a storage of its own (found by the fuzz, shrunk from a 26-op program). Eager modes agree with CPU;
-# compiled, test_fuzz leaves such programs' layout and sharing out (strategies._writes_a_shared_intermediate).
+# the same in compiled mode: an output that views an intermediate written in place came back contiguous
+# and on a storage of its own (found by the fuzz, shrunk from a 26-op program). Fixed with the above: the
+# backend gives graph outputs the strides of their fake tensors (compile/graph_outputs.py `_fake_order`).
 
 WRITE_THROUGH_VIEW_OF_INTERMEDIATE = """
 def make_inputs(device):
@@ -264,7 +255,7 @@ def program(x0):
 """
 
 
-@pytest.mark.parametrize("mode", ["strict", "defer"])
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
     "source",
     [WRITE_THROUGH_VIEW_OF_INTERMEDIATE, EMPTY_WRITE_THROUGH_VIEW_OF_STACKED],
@@ -272,21 +263,6 @@ def program(x0):
 )
 def test_write_through_view_of_intermediate_keeps_the_view(source, mode):
     check(source, mode)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22 part 5, compiled: the tpu backend returns an output that views an intermediate "
-    "written in place as a contiguous tensor of its own (strides (4, 1), CPU (1, 2)); aot_eager on CPU "
-    "keeps the view",
-)
-@pytest.mark.parametrize(
-    "source",
-    [WRITE_THROUGH_VIEW_OF_INTERMEDIATE, EMPTY_WRITE_THROUGH_VIEW_OF_STACKED],
-    ids=["add_", "empty-setitem"],
-)
-def test_compiled_write_through_view_of_intermediate_keeps_the_view(source):
-    check(source, "compiled")
 
 
 # ------------------------------------------- fixed: writes through an unfold view of an integer tensor

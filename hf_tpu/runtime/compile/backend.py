@@ -45,6 +45,7 @@ from hf_tpu.runtime.compile.graph_outputs import (
     FROM_JIT,
     ON_HOST,
     evaluate_on_host,
+    jit_layouts,
     output_nodes,
     plan_outputs,
     replay_views,
@@ -129,6 +130,8 @@ class GraphProgram:
         self.n_random = _count_draws(gm)
         # how each output is produced, and the nodes the jitted program returns (`plan_outputs`)
         self._plan, self._jit_nodes, self._jit_index, self._has_views = plan_outputs(gm, user_outputs)
+        # the outputs returned transposed into the memory order their fake tensors have (`jit_layouts`)
+        self._jit_layouts = jit_layouts(self._plan, len(self._jit_nodes))
         self._n_outputs = len(output_nodes(gm))
         self._jitted = None
         self._static: tuple = ()
@@ -264,7 +267,13 @@ class GraphProgram:
             elif node.op == "output":
                 if gm is not self.gm:
                     return fetch(node.args[0])
-                return tuple(env[o] for o in self._jit_nodes)
+                if self._jit_layouts is None:
+                    return tuple(env[o] for o in self._jit_nodes)
+                jnp = platform.jax().numpy
+                return tuple(
+                    env[o] if order is None else jnp.transpose(env[o], order)
+                    for o, order in zip(self._jit_nodes, self._jit_layouts)
+                )
             elif node.op == "get_attr":  # a constant: a tpu tensor, or a CPU one (`torch.tensor([...])`)
                 value = getattr(gm, node.target)
                 if isinstance(value, torch.Tensor):

@@ -15,7 +15,8 @@ from torch._prims_common import is_contiguous_or_false
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from hf_tpu.runtime.compile.graph_rng import SAVE_RNG
-from hf_tpu.runtime.tensors.tensor import wrap
+from hf_tpu.runtime.tensors.strided import memory_order
+from hf_tpu.runtime.tensors.tensor import wrap, wrap_laid_out
 
 
 def spec_of(val):
@@ -54,7 +55,8 @@ def _belongs_on_cpu(node) -> bool:
     return not saved_state
 
 
-# where a value the jitted program returns goes (`_placement`): a tpu tensor, a CPU tensor, a number
+# where a value the jitted program returns goes (`_placement`): a tpu tensor, a CPU tensor, a number (or,
+# for a tpu tensor the graph lays out as a permutation, its memory order: a tuple, see `_fake_order`)
 _DEVICE, _HOST, _NUMBER = "device", "host", "number"
 # how a graph output is produced (`plan_outputs`)
 FROM_JIT, FROM_ARG, ON_HOST, AS_VIEW, CONST = "jit", "arg", "on host", "view", "const"
@@ -94,9 +96,15 @@ def plan_outputs(gm: torch.fx.GraphModule, user_outputs: range) -> tuple[list, l
     host: dict = {}
     views = []
 
-    def from_jit(node):
+    def from_jit(node, laid_out: bool = False):
+        """`laid_out`: a value the caller sees (a user output, or the base of one that views it), given
+        the strides its fake tensor has (`_fake_order`); the new values of mutated inputs and the
+        activations saved for the backward stay row-major."""
         jit_nodes.append(node)
-        return (FROM_JIT, len(jit_nodes) - 1, *_placement(node))
+        spec, place = _placement(node)
+        if laid_out and place is _DEVICE:
+            place = _fake_order(node.meta.get("val")) or place
+        return (FROM_JIT, len(jit_nodes) - 1, spec, place)
 
     for k, node in enumerate(nodes):
         if not isinstance(node, torch.fx.Node):
@@ -114,7 +122,7 @@ def plan_outputs(gm: torch.fx.GraphModule, user_outputs: range) -> tuple[list, l
             if steps:
                 views.append((k, root, steps))
             else:
-                plan[k] = from_jit(node)
+                plan[k] = from_jit(node, laid_out=True)
                 jit_index[k] = plan[k][1]
         else:
             plan[k] = from_jit(node)
@@ -122,7 +130,7 @@ def plan_outputs(gm: torch.fx.GraphModule, user_outputs: range) -> tuple[list, l
     updates = set(nodes[: user_outputs.start])  # new values of mutated inputs
     for k, root, steps in views:
         if root in updates:  # a view of a mutated input: aot_autograd makes it from the input itself
-            plan[k] = from_jit(nodes[k])
+            plan[k] = from_jit(nodes[k], laid_out=True)
             jit_index[k] = plan[k][1]
             continue
         if not isinstance(root, torch.fx.Node):
@@ -136,9 +144,32 @@ def plan_outputs(gm: torch.fx.GraphModule, user_outputs: range) -> tuple[list, l
             index = hidden.get(root)
             if index is None:
                 index = hidden[root] = len(plan)
-                plan.append(from_jit(root))
+                plan.append(from_jit(root, laid_out=True))
         plan[k] = (AS_VIEW, index, steps, inputs)
     return plan, jit_nodes, jit_index, bool(views)
+
+
+def jit_layouts(plan: list, n: int) -> tuple | None:
+    """Per value the jitted program returns, the memory order it is returned in (transposed into it at
+    the end of the program: `wrap_laid_out` makes the tensor), or None; None when all are row-major."""
+    layouts: list = [None] * n
+    for kind, a, _, place in plan:
+        if kind is FROM_JIT and type(place) is tuple:
+            layouts[a] = place
+    return tuple(layouts) if any(o is not None for o in layouts) else None
+
+
+def _fake_order(val) -> tuple | None:
+    """The memory order of a traced tensor whose strides are a dense permutation other than row-major
+    (`(x.t() * 2)` keeps the transposed layout, as eager does), or None (row-major, not dense, symbolic)."""
+    if not isinstance(val, torch.Tensor) or val.dim() < 2:
+        return None
+    shape, stride = tuple(val.shape), tuple(val.stride())
+    if not all(type(s) is int for s in shape + stride):
+        return None
+    if not guard_or_false(val.storage_offset() == 0):
+        return None
+    return memory_order(shape, stride)
 
 
 def _placement(node) -> tuple:
@@ -217,10 +248,13 @@ def _view_chain(node, host: dict) -> tuple:
 
 
 def _laid_out_as_wrapped(val) -> bool:
-    """Whether a traced tensor has the layout of the tensor `wrap` makes of its result: contiguous, at
-    offset 0 (views replayed on it then pick the elements the graph's views picked)."""
+    """Whether a traced tensor has the layout of the tensor its result becomes: contiguous or a dense
+    permutation (`_fake_order`), at offset 0 (views replayed on it then pick the elements the graph's
+    views picked)."""
     if not isinstance(val, torch.Tensor):
         return False
+    if _fake_order(val) is not None:
+        return True
     return is_contiguous_or_false(val) and guard_or_false(val.storage_offset() == 0)
 
 
@@ -252,6 +286,8 @@ def to_caller(value, spec, place):
     dtype = spec[1] if spec else None
     if place is _DEVICE:
         return wrap(value, dtype)
+    if type(place) is tuple:  # laid out in this memory order (transposed into it by the program)
+        return wrap_laid_out(value, dtype or value.dtype, place)
     from hf_tpu.runtime.buffers.placement import jax_to_host
 
     host = jax_to_host(value)

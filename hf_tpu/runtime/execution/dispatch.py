@@ -27,6 +27,8 @@ from hf_tpu.runtime.buffers.threads import DONATION_LOCK, update_lock
 from hf_tpu.runtime.launch import lazy, modes, rng
 from hf_tpu.runtime.launch.lazy import LazyValue
 from hf_tpu.runtime.lowerings.table import TABLE, Lowering, provide_kernel_factory
+from hf_tpu.runtime.tensors import overlap
+from hf_tpu.runtime.tensors.strided import memory_order
 from hf_tpu.runtime.tensors.tensor import (
     View,
     can_update_in_place,
@@ -34,6 +36,7 @@ from hf_tpu.runtime.tensors.tensor import (
     read_input,
     run_donating,
     wrap,
+    wrap_laid_out,
     wrap_spec,
     write,
 )
@@ -186,25 +189,62 @@ def _out_spec(result):
     return None
 
 
-def _meta_run(op, sig: _Signature, full: list):
-    """Ask PyTorch's meta kernel what `op` returns; None where it cannot say (data-dependent etc.)."""
+def _out_layout(result):
+    """How PyTorch lays out the outputs of a meta run: per output, its memory order where that is a dense
+    permutation other than row-major (`strided.memory_order`: `(x.t() * 2)` keeps the transposed layout,
+    as TensorIterator does), else None; None when every output is row-major (the common case)."""
+    if isinstance(result, torch.Tensor):
+        return memory_order(tuple(result.shape), result.stride()) if result.dim() > 1 else None
+    if isinstance(result, list | tuple):
+        orders = tuple(_out_layout(r) if isinstance(r, torch.Tensor) else None for r in result)
+        return orders if any(o is not None for o in orders) else None
+    return None
+
+
+_UNKNOWN = object()  # a meta run that could not say
+
+
+def _meta_call(op, sig: _Signature, full: list):
+    """PyTorch's meta kernel's result for `op`; _UNKNOWN where it cannot say (data-dependent etc.)."""
     pos, kw = sig.split([_meta_of(v) if k != _GEN else None for v, k in zip(full, sig.kinds)])
     if "device" in kw and kw["device"] is not None:
         kw["device"] = _META
     try:
-        return _out_spec(op(*pos, **kw))
+        return op(*pos, **kw)
     except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
-        return None
+        return _UNKNOWN
     # a meta kernel that breaks on optional arguments (_thnn_fused_lstm_cell's on no bias)
     except (AttributeError, TypeError):
-        return None
+        return _UNKNOWN
     except RuntimeError as exc:
         text = str(exc)
         if "meta" in text.lower() and ("not implemented" in text.lower() or "could not run" in text.lower()):
-            return None
+            return _UNKNOWN
         if "data-dependent" in text or "Cannot copy out of meta tensor" in text:
-            return None
+            return _UNKNOWN
         raise
+
+
+def _meta_run(op, sig: _Signature, full: list):
+    """Ask PyTorch's meta kernel what `op` returns (`_out_spec`); None where it cannot say."""
+    result = _meta_call(op, sig, full)
+    return None if result is _UNKNOWN else _out_spec(result)
+
+
+class _LaidOut(tuple):
+    """The spec of a functional kernel whose outputs PyTorch lays out permuted: (the `_out_spec`, the
+    `_out_layout`). Its executable returns such an output transposed into memory order, and the output
+    tensor is that buffer permuted back (`wrap_laid_out`), so its strides are PyTorch's. Item 1 is no
+    dtype, so the common case's check in `_wrap` stays one test."""
+
+    __slots__ = ()
+
+
+def _lay_out(jnp, result, layout):
+    """The executable's results with each laid-out output transposed into its memory order."""
+    if type(layout[0]) is int:  # one output
+        return jnp.transpose(result, layout)
+    return type(result)(r if o is None else jnp.transpose(r, o) for r, o in zip(result, layout))
 
 
 def _cast_like(jnp, result, spec):
@@ -347,6 +387,8 @@ class OpKernel:
         self.baked_offset_layouts: dict = {}
         # the argument checks CPU makes and the meta kernel skips (arg_checks), or None
         self.checks = arg_checks.for_op(self.functional)
+        # in-place/out=: CPU's memory-overlap checks of the destination (overlap.policy), or None
+        self.overlap = None if mode == "functional" else overlap.policy(op, self.functional)
 
     # -- entry point from the dispatcher --------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -409,6 +451,18 @@ class OpKernel:
     def _wrap(self, results, spec):
         if spec is not None and type(spec[1]) is _DTYPE:
             return wrap_spec(results, spec)  # one output of known shape and dtype: the common case
+        if type(spec) is _LaidOut:
+            spec, layout = spec
+            if type(spec[1]) is _DTYPE:
+                return wrap_laid_out(results, spec[1], layout)
+            return type(results)(
+                None
+                if r is None
+                else wrap(r, s[1] if s else None)
+                if o is None
+                else wrap_laid_out(r, s[1], o)
+                for r, s, o in zip(results, spec, layout)
+            )
         if isinstance(results, list | tuple):
             return type(results)(
                 None if r is None else wrap(r, s[1] if s else None)  # None: an undefined tensor
@@ -507,6 +561,8 @@ class OpKernel:
                 append(None)
             else:
                 append(_freeze(v))
+        if self.overlap is not None:
+            self._check_overlap(fargs, full, leaves, views)
         for i in self.fsig.optional_dtypes:
             if fargs[i] is None:
                 append(torch.get_default_dtype())
@@ -544,8 +600,36 @@ class OpKernel:
             raise op_failure(self.op, full, self.sig.kinds, cause) from cause
         return results, entry.spec
 
+    def _check_overlap(self, fargs: list, full: list, leaves: list, views: list) -> None:
+        """CPU's memory-overlap errors for this write (`overlap.py`). In place, the destination is
+        fargs[0] and its storage's array leaves[0]: the full check runs only when its view repeats
+        elements (a stride 0) or another input was read from the same array (almost never), so the common
+        path costs two tests."""
+        internal, inputs = self.overlap
+        if self.mode == "inplace":
+            dest = fargs[0]
+            view = views[0] if views else None
+            if internal and view is not None and view.stride is not None and 0 in view.stride:
+                overlap.assert_no_internal_overlap(dest)
+            if inputs is not None and leaves:
+                first = leaves[0]
+                for i in range(1, len(leaves)):
+                    if leaves[i] is first:
+                        overlap.assert_inputs_apart(dest, overlap.tensors_of(fargs[1:]), inputs)
+                        break
+            return
+        for i in self.sig.mutable:
+            out = full[i]
+            if not isinstance(out, torch.Tensor):
+                continue
+            if internal and not out.is_contiguous():
+                overlap.assert_no_internal_overlap(out)
+            if inputs is not None:
+                overlap.assert_inputs_apart(out, overlap.tensors_of(fargs), inputs)
+
     def _build(self, fargs: list, full: list, views: list, dynamic: bool) -> _Entry:
         # what PyTorch would return (dtype, shape); the in-place/out= op itself validates its arguments
+        layout = None
         if self.mode == "inplace":
             spec = _meta_run(self.op, self.sig, full)
             # some in-place meta kernels (mul_) skip PyTorch's result-type check: apply it here
@@ -557,7 +641,12 @@ class OpKernel:
                     f"{_dtype_name(dest.dtype)}"
                 )
         else:
-            spec = _meta_run(self.functional, self.fsig, fargs)
+            meta = _meta_call(self.functional, self.fsig, fargs)
+            spec = None if meta is _UNKNOWN else _out_spec(meta)
+            # outputs PyTorch lays out permuted are computed in memory order (functional kernels only: an
+            # in-place or out= result is stored into its destination's own layout)
+            if self.mode == "functional" and meta is not _UNKNOWN:
+                layout = _out_layout(meta)
         kinds = self.fsig.kinds
         # how each argument reaches the lowering: a traced leaf, a list of leaves, or a baked-in value
         how = []
@@ -603,9 +692,10 @@ class OpKernel:
                     args.append(jnp.asarray(v))
                 else:
                     args.append(v)
-            return _cast_like(jnp, fn(*args), spec)
+            out = _cast_like(jnp, fn(*args), spec)
+            return out if layout is None else _lay_out(jnp, out, layout)
 
-        return _Entry(jax.jit(call), spec, self.op)
+        return _Entry(jax.jit(call), spec if layout is None else _LaidOut((spec, layout)), self.op)
 
     def _run_with_cpu_generator(self, fargs, full):
         """A CPU `torch.Generator` was passed: draw on CPU with it (exact CPU stream), then copy over."""

@@ -13,6 +13,7 @@ from hf_tpu.runtime.buffers.platform import MULTI_CHIP
 from hf_tpu.runtime.buffers.platform import check_index as _check_index
 from hf_tpu.runtime.launch import lazy
 from hf_tpu.runtime.lowerings.table import lowers
+from hf_tpu.runtime.tensors.overlap import check_write
 from hf_tpu.runtime.tensors.sharding import follow_placement
 from hf_tpu.runtime.tensors.strided import inverse_order, memory_order
 from hf_tpu.runtime.tensors.tensor import (
@@ -46,6 +47,7 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     if self.device.type == "tpu":
         if _same_view(self, src):  # `x.copy_(x)` (aot_autograd's write-back of an input a compiled
             return self  # graph stored already): reading then storing would undo another thread's update
+        check_write(self, src if src.device.type == "tpu" else None)  # CPU's memory-overlap errors
         if src.device.type == "tpu":
             value = to_jax_lazy(src)
         elif src.device.type == "cpu":

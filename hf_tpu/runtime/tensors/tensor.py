@@ -112,6 +112,28 @@ def wrap_spec(array, spec: tuple) -> torch.Tensor:
     return new_tensor(shape, dtype, array)
 
 
+def wrap_laid_out(array, dtype: torch.dtype, order: tuple) -> torch.Tensor:
+    """A new tpu tensor whose value is `array` transposed into memory order `order` (outermost dim first,
+    `strided.memory_order`): a tensor owning `array` (its storage's payload, row-major) with the sizes and
+    strides of that buffer permuted back to the logical order, as `empty_strided` would lay it out."""
+    laid = tuple(array.shape)
+    t = wrap_spec(array, (laid, dtype))
+    shape, stride = _permuted_back(laid, order)
+    _set_storage(_CPU_KEYS, t, t.untyped_storage(), 0, shape, stride)  # metadata only, no Python kernel
+    return t
+
+
+@cache
+def _permuted_back(laid: tuple, order: tuple) -> tuple:
+    """(sizes, strides) of a row-major buffer of shape `laid` seen in logical order: logical dim `order[i]`
+    is the buffer's dim i."""
+    laid_stride = contiguous_strides(laid)
+    shape, stride = [0] * len(order), [0] * len(order)
+    for i, d in enumerate(order):
+        shape[d], stride[d] = laid[i], laid_stride[i]
+    return tuple(shape), tuple(stride)
+
+
 def _foreign(t: torch.Tensor):
     """A tensor with no tpu payload: a CPU 0-dim scalar becomes a constant, anything else is an error."""
     if t.device.type != "tpu":
