@@ -187,8 +187,15 @@ def _parts(params: dict[str, Any], cfg: Any) -> set[str]:
     return parts or {"text"}
 
 
-def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, seq: int) -> dict[str, Any]:
+def _model_config(model: Any) -> Any:
+    """The config inputs are sized from: retrieval wrappers (ColPali, ColQwen2, ColModernVBert) keep the
+    VLM's config (its image token, vision tower) under vlm_config."""
     cfg = model.config
+    return _sub(cfg, "vlm_config") or cfg
+
+
+def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, seq: int) -> dict[str, Any]:
+    cfg = _model_config(model)
     params = forward_params(model)
     if "image_grid_thw" in params:
         return _qwen_vl_inputs(model, plan, gen, batch)
@@ -200,7 +207,9 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
     kwargs: dict[str, Any] = {}
     if "text" in parts:
         kwargs.update(_text_inputs(model, plan, cfg, params, gen, batch, seq))
-    if parts & {"image", "video"}:
+    if parts & {"image", "video"} and "spatial_shapes" in params:
+        kwargs.update(_naflex_inputs(cfg, gen, batch))
+    elif parts & {"image", "video"}:
         kwargs["pixel_values"] = _pixel_values(cfg, gen, batch, video="video" in parts)
         if "pixel_attention_mask" in params:  # idefics2/3-style: (batch, images, C, H, W)
             kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(1)
@@ -209,9 +218,23 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
         if "image_sizes" in params and _needs_image_sizes(cfg, plan):
             h, w = kwargs["pixel_values"].shape[-2:]
             kwargs["image_sizes"] = torch.tensor([[h, w]] * batch)
+            pins = getattr(cfg, "image_grid_pinpoints", None)
+            if isinstance(pins, list | tuple) and pins and kwargs["pixel_values"].dim() == 4:
+                kwargs.update(_anyres_pixels(kwargs["pixel_values"], [int(i) for i in pins[0]], gen))
+    if "video" in parts and "pixel_values" not in params and "pixel_values_videos" in params:
+        kwargs["pixel_values_videos"] = kwargs.pop("pixel_values")  # video-only towers (V-JEPA 2, VideoPrism)
+    if "bool_masked_pos" in _required(params) and parts & {"image", "video"}:
+        kwargs["bool_masked_pos"] = _masked_positions(cfg, gen, batch)
+    if "qformer_input_ids" in params and "input_ids" in kwargs:
+        # InstructBLIP: the instruction also goes to the Q-Former, in its own (BERT) vocabulary
+        qcfg = _sub(cfg, "qformer_config")
+        qvocab = _get(qcfg, "vocab_size", default=1000) if qcfg is not None else 1000
+        kwargs["qformer_input_ids"] = random_ids(gen, (batch, 8), int(qvocab), special_token_ids(qcfg or cfg))
+        if "qformer_attention_mask" in params:
+            kwargs["qformer_attention_mask"] = torch.ones(batch, 8, dtype=torch.long)
     if "audio" in parts:
         try:
-            audio = _audio_inputs(cfg, params, gen, batch, plan)
+            audio = _audio_inputs(cfg, params, gen, batch, plan, model)
             if "input_ids" in kwargs:  # with text, attention_mask is the text's (CLAP, audio LLMs)
                 audio.pop("attention_mask", None)
             kwargs.update(audio)
@@ -225,6 +248,16 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
         elif "audio" in parts:
             insert_placeholders(kwargs, audio_token_id(cfg), _guess_audio_tokens(kwargs))
     if getattr(cfg, "is_encoder_decoder", False) or ("audio" in parts and "decoder_input_ids" in params):
+        # BART/T5-style classification and QA heads pool the decoder state where input_ids has <eos>:
+        # the decoder sees input_ids shifted right (what they derive when given none), the same length
+        same_length = plan.model_class.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
+        if same_length and "decoder_input_ids" in params and kwargs.get("input_ids") is not None:
+            ids = kwargs["input_ids"]
+            start = _get(cfg, "decoder_start_token_id", "pad_token_id", default=0)
+            start = start if isinstance(start, int) else 0
+            kwargs["decoder_input_ids"] = torch.cat(
+                [torch.full_like(ids[..., :1], start), ids[..., :-1]], dim=-1
+            )
         if "decoder_input_ids" in params and "decoder_input_ids" not in kwargs:
             vocab = _get(_text_config(cfg), "vocab_size") or _get(cfg, "vocab_size")
             if vocab:
@@ -256,6 +289,11 @@ def _text_inputs(model, plan, cfg, params, gen, batch, seq) -> dict[str, Any]:
     multiple_choice = plan.model_class.endswith("ForMultipleChoice")
     shape = (batch, 2, seq) if multiple_choice else (batch, seq)
     out = {"input_ids": random_ids(gen, shape, int(vocab), avoid)}
+    eos = _get(tcfg, "eos_token_id")
+    if plan.model_class.endswith("ForSequenceClassification") and getattr(cfg, "is_encoder_decoder", False):
+        # BART-style heads pool the hidden state at the last <eos> (a tokenizer ends every text with one)
+        if isinstance(eos, int) and 0 <= eos < int(vocab):
+            out["input_ids"][..., -1] = eos
     if "attention_mask" in params:
         out["attention_mask"] = torch.ones(shape, dtype=torch.long)
     if "token_type_ids" in params and (_get(tcfg, "type_vocab_size") or 0) > 0:
@@ -284,6 +322,50 @@ def _pixel_values(cfg: Any, gen: torch.Generator, batch: int, video: bool = Fals
         frames = _get(cfg, "num_frames", default=4)
         return torch.randn(batch, frames, c, h, w, generator=gen)
     return torch.randn(batch, c, h, w, generator=gen)
+
+
+def _masked_positions(cfg: Any, gen: torch.Generator, batch: int) -> torch.Tensor:
+    """Masked-autoencoder pre-training heads (VideoMAE): which patches are masked, the same count in
+    every sample (half of them), over (frames / tubelet) x (H / patch) x (W / patch) patches."""
+    vcfg = _vision_config(cfg)
+    h, w = _image_hw(vcfg)
+    patch = _get(vcfg, "patch_size", default=16)
+    patch = patch[0] if isinstance(patch, list | tuple) else patch
+    frames = _get(vcfg, "num_frames", default=1) or 1
+    tubelet = _get(vcfg, "tubelet_size", default=1) or 1
+    tubelet = tubelet[0] if isinstance(tubelet, list | tuple) else tubelet
+    n = max(1, frames // tubelet) * (h // patch) * (w // patch)
+    order = torch.stack([torch.randperm(n, generator=gen) for _ in range(batch)])
+    return order < n // 2
+
+
+def _anyres_pixels(pixels: torch.Tensor, size: list[int], gen: torch.Generator) -> dict[str, Any]:
+    """LLaVA-NeXT anyres: an image of one grid resolution (the first pinpoint) arrives as its base tile
+    plus the grid's tiles, (batch, tiles, C, h, w), with image_sizes saying the resolution."""
+    b, c, h, w = pixels.shape
+    tiles = 1 + (size[0] // h) * (size[1] // w)
+    return {
+        "pixel_values": torch.randn(b, tiles, c, h, w, generator=gen),
+        "image_sizes": torch.tensor([size] * b),
+    }
+
+
+def _naflex_inputs(cfg: Any, gen: torch.Generator, batch: int) -> dict[str, Any]:
+    """SigLIP2 NaFlex towers (and VLMs on them): flattened patches (batch, num_patches, C*p*p), a patch
+    mask and each image's (rows, cols) of patches; an image fills a PATCHES_PER_SIDE-square grid."""
+    vcfg = _vision_config(cfg)
+    patch = _get(vcfg, "patch_size", default=16)
+    patch = patch[0] if isinstance(patch, list | tuple) else patch
+    c = _get(vcfg, "num_channels", default=3)
+    n = _get(vcfg, "num_patches", default=None)
+    side = 4
+    if isinstance(n, int) and n > 0:  # a position-embedding grid of sqrt(n) x sqrt(n): stay within it
+        side = min(side, max(1, math.isqrt(n)))
+    return {
+        "pixel_values": torch.randn(batch, side * side, c * patch * patch, generator=gen),
+        "pixel_attention_mask": torch.ones(batch, side * side, dtype=torch.long),
+        "spatial_shapes": torch.tensor([[side, side]] * batch),
+    }
 
 
 def image_token_id(cfg: Any) -> int | None:
@@ -355,13 +437,41 @@ def _resize_masks(kwargs: dict[str, Any]) -> None:
 _MISMATCH = re.compile(r"tokens:?\s*(\d+),?\s*features:?\s*(\d+)", re.I)
 
 
+_RANK = re.compile(r"not enough values to unpack \(expected 5, got 4\)")
+
+
+def _refit_rank(model: Any, plan: Plan, kwargs: dict[str, Any], error: BaseException) -> bool:
+    """A forward that unpacked 5 dims from our 4-D pixels/latents: it takes a frames (or images) axis
+    the config does not name. Add one of length 1 where the model family puts it: after the channels
+    for diffusers (batch, C, frames, H, W), after the batch for transformers (batch, frames/images, C, H, W)."""
+    if not _RANK.search(str(error)):
+        return False
+    for name in ("sample", "hidden_states", "pixel_values", "pixel_values_videos", "x"):
+        v = kwargs.get(name)
+        if isinstance(v, torch.Tensor) and v.dim() == 4:
+            axis = 2 if plan.library == "diffusers" else 1
+            cfg = getattr(model, "config", None)
+            frames = _get(cfg, "num_frames") if plan.library != "diffusers" else None
+            frames = (
+                frames if isinstance(frames, int) and 0 < frames <= 8 else 1
+            )  # X-CLIP: exactly num_frames
+            kwargs[name] = v.unsqueeze(axis).repeat_interleave(frames, dim=axis)
+            if plan.library == "diffusers" and isinstance(kwargs.get("controlnet_cond"), torch.Tensor):
+                if kwargs["controlnet_cond"].dim() == 4:
+                    kwargs["controlnet_cond"] = kwargs["controlnet_cond"].unsqueeze(2)
+            return True
+    return False
+
+
 def refit_image_tokens(model: Any, plan: Plan, kwargs: dict[str, Any], error: BaseException) -> bool:
     """After a placeholder/feature count mismatch, rebuild with the count the model reported.
 
     Processors know how many placeholder tokens an image (or audio clip) becomes; we only know the
     config. The model's own error message says the number of features, so a retry with that count
-    fixes most VLMs and audio LLMs.
+    fixes most VLMs and audio LLMs. A forward that wanted one more input axis gets it (``_refit_rank``).
     """
+    if _refit_rank(model, plan, kwargs, error):
+        return True
     m = _MISMATCH.search(str(error))
     ph = kwargs.get("_placeholder")
     if not m or not ph:
@@ -379,7 +489,9 @@ def refit_image_tokens(model: Any, plan: Plan, kwargs: dict[str, Any], error: Ba
     return True
 
 
-def _audio_inputs(cfg: Any, params, gen: torch.Generator, batch: int, plan: Plan) -> dict[str, Any]:
+def _audio_inputs(
+    cfg: Any, params, gen: torch.Generator, batch: int, plan: Plan, model: Any = None
+) -> dict[str, Any]:
     acfg = _sub(cfg, "audio_config", "encoder_config", "speech_config") or cfg
     if "input_features" in params:
         mel = _get(acfg, "num_mel_bins")
@@ -410,9 +522,22 @@ def _audio_inputs(cfg: Any, params, gen: torch.Generator, batch: int, plan: Plan
             }
         dim = _get(acfg, "feature_projection_input_dim", "feature_size", "num_mel_bins", "input_dim")
         if dim:
-            out = {"input_features": torch.randn(batch, 64, dim, generator=gen)}
-            if "attention_mask" in params:
-                out["attention_mask"] = torch.ones(batch, 64, dtype=torch.long)
+            # (batch, frames, dim), or (batch, mel, frames) where the encoder opens with a Conv1d over the
+            # mel bins (Whisper-like encoders without max_source_positions: GLM-ASR, Voxtral Realtime)
+            first_conv = next(
+                (m for m in (model.modules() if model is not None else ()) if isinstance(m, torch.nn.Conv1d)),
+                None,
+            )
+            window = _get(acfg, "n_window")  # chunked encoders (Qwen3-ASR): whole windows of 2 * n_window
+            if first_conv is not None and first_conv.in_channels == dim and dim != 64:
+                frames = 2 * window if isinstance(window, int) and 0 < window <= 256 else 128
+                out = {"input_features": torch.randn(batch, dim, frames, generator=gen)}
+            else:
+                out = {"input_features": torch.randn(batch, 64, dim, generator=gen)}
+                frames = 64
+            for mask in ("attention_mask", "feature_attention_mask", "input_features_mask"):
+                if mask in params:
+                    out[mask] = torch.ones(batch, frames, dtype=torch.long)
             return out
         raise InputError(f"{plan.model_id}: cannot size input_features from the config")
     ratios = _get(acfg, "downsampling_ratios", "upsampling_ratios")
@@ -475,7 +600,10 @@ def _diffusion_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) 
     params = forward_params(model)
     name = plan.model_class
     out: dict[str, Any] = {}
-    in_ch = cfg.get("in_channels") or 4
+    in_ch = cfg.get("in_channels") or (3 if name.startswith("Autoencoder") else 4)
+    p = cfg.get("patch_size")
+    if name.startswith("Autoencoder") and isinstance(p, int) and p > 1 and in_ch % (p * p) == 0 and in_ch > 4:
+        in_ch //= p * p  # VAEs that patchify the image first (Wan 2.2): in_channels counts the patched ones
     size = cfg.get("sample_size") or 16
     size = size[0] if isinstance(size, list | tuple) else size
     cond_dim = next(
@@ -492,8 +620,9 @@ def _diffusion_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) 
         ),
         None,
     )
-    main = "sample" if "sample" in params else "hidden_states"
-    if name.startswith("Flux") or name.startswith("QwenImage"):
+    main = next((k for k in ("sample", "hidden_states", "x") if k in params), "hidden_states")
+    packed = "img_ids" in params  # Flux-style: 2x2-packed latents as a sequence, positions in img_ids
+    if name.startswith("Flux") or name.startswith("QwenImage") or packed:
         seq = (size // 2) ** 2 if size else 16
         out[main] = torch.randn(batch, seq, in_ch, generator=gen)
     elif "3D" in name or "Video" in name or "SpatioTemporal" in name:
@@ -502,6 +631,11 @@ def _diffusion_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) 
             out[main] = torch.randn(batch, frames, in_ch, size, size, generator=gen)
         else:
             out[main] = torch.randn(batch, in_ch, frames, size, size, generator=gen)
+    elif any(isinstance(m, torch.nn.Conv3d) for m in model.modules()):
+        # video VAEs and motion ControlNets (Wan, Mochi, SparseCtrl): (batch, channels, frames, H, W);
+        # causal video VAEs take 1 + 4k frames, one frame is the smallest valid clip
+        frames = 1 if name.startswith("Autoencoder") else (cfg.get("num_frames") or 2)
+        out[main] = torch.randn(batch, in_ch, frames, size, size, generator=gen)
     else:
         out[main] = torch.randn(batch, in_ch, size, size, generator=gen)
     if "timestep" in params:
@@ -539,7 +673,13 @@ def _diffusion_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) 
         t = cfg.get("addition_time_embed_dim") or 256
         n = (cfg.get("projection_class_embeddings_input_dim") or 3 * t) // t
         out["added_time_ids"] = torch.randn(batch, n, generator=gen)
-    if "controlnet_cond" in params:
+    if "controlnet_cond" in params and packed:  # packed like the latents (Flux ControlNets)
+        out["controlnet_cond"] = torch.randn(*out[main].shape, generator=gen)
+    elif "controlnet_cond" in params and not hasattr(model, "controlnet_cond_embedding"):
+        # transformer ControlNets (SD3, Sana, HunyuanDiT) embed a VAE-encoded control image: latents
+        # shaped like the denoiser's; UNet ControlNets embed the pixels themselves (below)
+        out["controlnet_cond"] = torch.randn(*out[main].shape, generator=gen)
+    elif "controlnet_cond" in params:
         cc = cfg.get("conditioning_channels") or 3
         out["controlnet_cond"] = torch.randn(batch, cc, size * 8, size * 8, generator=gen)
     return out
@@ -569,7 +709,7 @@ def _patches(vcfg: Any, gen: torch.Generator, n_images: int) -> tuple[torch.Tens
 def _qwen_vl_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) -> dict[str, Any]:
     """Qwen2-VL family (and GLM-4V & co): flattened patches + image_grid_thw, image tokens between the
     vision start/end tokens (M-RoPE finds images by the start token)."""
-    cfg = model.config
+    cfg = _model_config(model)
     vcfg = getattr(cfg, "vision_config", cfg)
     pixel_values, thw, n_tokens = _patches(vcfg, gen, batch)
     vocab = _text_config(cfg).vocab_size

@@ -219,6 +219,18 @@ def _auto_loader_for(model_type: str, class_name: str, task: str | None) -> str:
     return class_name
 
 
+def _auto_accepts(auto_name: str, config_class: Any) -> bool:
+    """Whether ``Auto*.from_pretrained`` will take a config of this class (its mapping, keyed by config
+    class, can disagree with the model_type table: Evolla's AutoModel entry does)."""
+    import transformers
+
+    mapping = getattr(getattr(transformers, auto_name, None), "_model_mapping", None)
+    try:
+        return mapping is not None and config_class in mapping
+    except Exception:  # noqa: BLE001 - a lazy mapping that cannot import an entry
+        return False
+
+
 def _class_for_task(model_type: str, task: str | None, mid: str) -> str:
     tables = _auto_tables()
     preferred = [TASK_AUTO_CLASS.get(task or "")] + list(TASK_FALLBACKS.get(task or "", ())) + ["AutoModel"]
@@ -289,6 +301,7 @@ def _plan_transformers(entry: dict[str, Any], tier: str, resolved: Any = None) -
             raise HarnessError(f"{mid}: cannot shrink the config: {exc}") from None
         _ov.apply_config_patch(shrunk, _ov.override_for(model_type).config)
         _no_cache(shrunk)
+        _pad_for_pooling(shrunk, cls.__name__)
         shrunk["architectures"] = [cls.__name__]
         try:
             effective = type(config).from_dict(shrunk).to_dict()
@@ -299,7 +312,12 @@ def _plan_transformers(entry: dict[str, Any], tier: str, resolved: Any = None) -
             ) from None
     for k in ("transformers_version", "_name_or_path", "_commit_hash"):
         effective.pop(k, None)
-    loader = _auto_loader_for(model_type, cls.__name__, task)
+    # the auto class must map the *saved* config's model_type (the class's own config, which may be a
+    # sub-config type: Emu3ForCausalLM saves an "emu3_text" config) to this class; else load by the class
+    saved_type = getattr(cls.config_class, "model_type", None) or model_type
+    loader = _auto_loader_for(saved_type, cls.__name__, task)
+    if loader != cls.__name__ and not _auto_accepts(loader, cls.config_class):
+        loader = cls.__name__
     return Plan(
         mid,
         "transformers",
@@ -322,6 +340,24 @@ def _no_cache(config: dict[str, Any]) -> None:
     for v in config.values():
         if isinstance(v, dict):
             _no_cache(v)
+
+
+def _pad_for_pooling(config: dict[str, Any], class_name: str) -> None:
+    """Decoder-only classification heads pool the last non-pad token and refuse a batch > 1 without a
+    pad token: fine-tuned checkpoints define one (often eos), the config-class defaults may not. Name one
+    (eos, else the last id of the vocabulary); the input builder keeps it out of the text."""
+    if not class_name.endswith("ForSequenceClassification"):
+        return
+    for level in (config, config.get("text_config")):
+        if not isinstance(level, dict) or level.get("pad_token_id") is not None:
+            continue
+        eos = level.get("eos_token_id", config.get("eos_token_id"))
+        eos = eos[0] if isinstance(eos, list) and eos else eos
+        vocab = level.get("vocab_size") or config.get("vocab_size")
+        if isinstance(eos, int) and not isinstance(eos, bool) and (not vocab or 0 <= eos < vocab):
+            level["pad_token_id"] = eos
+        elif isinstance(vocab, int) and vocab > 0:
+            level["pad_token_id"] = vocab - 1
 
 
 def _one_line(exc: BaseException) -> str:

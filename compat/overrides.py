@@ -64,6 +64,9 @@ OVERRIDES: dict[str, Override] = {
     # forward, Tacotron 2 §2.2): two CPU runs never agree, nor could a device. With p=0 it is deterministic
     # (its mask then drops every unit, so the decoder sees the prenet's bias; every layer still runs).
     "speecht5": Override(config={"speech_decoder_prenet_dropout": 0.0}),
+    # LFM2-MoE's config class leaves layer_types None (its checkpoints list them) while the decoder
+    # indexes it per layer: one short-convolution layer and one attention layer, the two kinds it has.
+    "lfm2_moe": Override(config={"layer_types": ["conv", "full_attention"]}),
     # Probabilistic forecasters: the default config leaves prediction/context lengths unset.
     "time_series_transformer": Override(config={"prediction_length": 4, "context_length": 8}),
     "informer": Override(config={"prediction_length": 4, "context_length": 8}),

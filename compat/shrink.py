@@ -118,7 +118,15 @@ WIDTH_LIKE_KEYS = (
     "pooler_output_size",
     "adapter_out_dim",
     "projection_size",
+    "reassemble_hidden_size",  # DPT-style necks (Depth Anything): the backbone width
     "pooler_hidden_size",  # DeBERTa's ContextPooler: a square dense over the hidden state
+)
+STAGE_CHANNEL_KEYS = (
+    "hidden_sizes",
+    "stem_channels",
+    "stage_in_channels",
+    "stage_mid_channels",
+    "stage_out_channels",
 )
 # The first-stage width of hierarchical (Swin-style) models, which doubles at every stage.
 STEM_WIDTH_KEYS = ("embed_dim", "patch_embeds_hidden_size")
@@ -161,6 +169,8 @@ def shrink_config_dict(config: dict[str, Any], model: str = "?") -> dict[str, An
     """A shrunk copy of a transformers config dict (``config.to_dict()``); raises ShrinkError naming the field."""
     out = copy.deepcopy(config)
     ctx = _Ctx(model=model)
+    vision = out.get("vision_config") if isinstance(out.get("vision_config"), dict) else {}
+    old_image = vision.get("image_size")
     levels = list(_levels(out, ""))
     plans: dict[str, _WidthPlan] = {}
     for path, level in levels:
@@ -170,6 +180,10 @@ def shrink_config_dict(config: dict[str, Any], model: str = "?") -> dict[str, An
         with _naming(path):
             _shrink_level(level, ctx, path, plans[path])
     _remap_tokens(out, ctx)
+    _fit_feature_layers(out)
+    _scale_pinpoints(out, old_image, vision.get("image_size"))
+    _tie_merger_width(out)
+    _tie_backbone_channels(out)
     # VLM configs that leave the image placeholder unset (the processor sets it on real checkpoints)
     for key in ("image_token_id", "image_token_index"):
         if key in out and out[key] is None:
@@ -186,6 +200,72 @@ def _naming(path: str):
         raise
     except Exception as exc:
         raise ShrinkError(f"config level {path or '<root>'!r}: {type(exc).__name__}: {exc}") from None
+
+
+def _tie_backbone_channels(node: dict[str, Any]) -> None:
+    """Detectors whose encoder takes the backbone's feature maps (RT-DETR, D-FINE, DEIMv2, PP-DocLayout):
+    encoder_in_channels are the channels of the stages the backbone hands out, which shrank with it."""
+    for v in node.values():
+        if isinstance(v, dict):
+            _tie_backbone_channels(v)
+    bb, enc = node.get("backbone_config"), node.get("encoder_in_channels")
+    if not (isinstance(bb, dict) and isinstance(enc, list) and enc and all(_int(i) for i in enc)):
+        return
+    sizes, idx = bb.get("stage_out_channels") or bb.get("hidden_sizes"), bb.get("out_indices")
+    if not (isinstance(sizes, list) and isinstance(idx, list) and idx and all(_int(i) for i in sizes + idx)):
+        return
+    if len(idx) == len(enc) and all(1 <= i <= len(sizes) for i in idx):
+        node["encoder_in_channels"] = [sizes[i - 1] for i in idx]  # index 0 is the stem
+
+
+def _tie_merger_width(out: dict[str, Any]) -> None:
+    """Qwen-VL-style vision towers end in a merger whose output (vision_config.out_hidden_size) replaces
+    image-token embeddings in the text model: it must be the text width. Config-class defaults do not
+    always agree (Qwen2.5-VL, Qwen3-VL derivatives pair a 3584-wide merger with a 4096-wide text model)."""
+    vision, text = out.get("vision_config"), out.get("text_config")
+    if not (isinstance(vision, dict) and _int(vision.get("out_hidden_size"))):
+        return
+    width = text.get("hidden_size") if isinstance(text, dict) else out.get("hidden_size")
+    if _int(width) and width > 0:
+        vision["out_hidden_size"] = width
+
+
+def _scale_pinpoints(out: dict[str, Any], old: Any, new: Any) -> None:
+    """Anyres grids (LLaVA-NeXT/OneVision image_grid_pinpoints) are multiples of the vision tower's image
+    size: they follow it when it shrinks, so each resolution stays a grid of whole tiles."""
+    pins = out.get("image_grid_pinpoints")
+    if not (_int(old) and _int(new) and 0 < new < old and isinstance(pins, list) and pins):
+        return
+    if all(isinstance(p, list | tuple) and len(p) == 2 and all(_int(i) for i in p) for p in pins):
+        out["image_grid_pinpoints"] = [
+            [max(1, round(h / old)) * new, max(1, round(w / old)) * new] for h, w in pins
+        ]
+
+
+FEATURE_LAYER_NAMES = ("vision_feature_layer", "vision_feature_layers", "vit_layers", "select_layer")
+
+
+def _fit_feature_layers(out: dict[str, Any]) -> None:
+    """Vision feature taps named outside the vision config (Molmo2's adapter_config.vision_feature_layer
+    [24, 18]) must index the shrunk vision tower: out-of-range taps become distinct layers counted from the
+    end (-1, -2, ...), the count of taps (the projector's input width) unchanged."""
+    vcfg = out.get("vision_config")
+    n = next((vcfg[k] for k in LAYER_KEYS if isinstance(vcfg, dict) and _int(vcfg.get(k))), None)
+    if not n:
+        return
+
+    def fit(node: dict[str, Any]) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict) and v is not vcfg:
+                fit(v)
+            elif k in FEATURE_LAYER_NAMES:
+                if _int(v) and not -n <= v < n:
+                    node[k] = -1
+                elif isinstance(v, list) and v and all(_int(i) for i in v):
+                    if any(not -n <= i < n for i in v):
+                        node[k] = [-(1 + j % n) for j in range(len(v))]
+
+    fit(out)
 
 
 def _is_subconfig(key: str, value: Any) -> bool:
@@ -257,12 +337,20 @@ def _plan_width(d: dict[str, Any], ctx: _Ctx, path: str) -> _WidthPlan:
 
 def _shrink_level(d: dict[str, Any], ctx: _Ctx, path: str, plan: _WidthPlan) -> None:
     where = f"{ctx.model}:{path or '<root>'}"
+    staged = isinstance(d.get("depths"), list) and bool(d["depths"])
+    taps = d.get("out_indices") if not staged and "stage_names" in d else None
     for k in DROP_KEYS + DERIVED_KEYS:
-        d.pop(k, None)
+        # stage-based backbones keep their stage count, so the stages they hand out stay valid (RT-DETR
+        # takes three feature maps; recomputed, the class would default to the last stage only)
+        if not (staged and k in ("out_features", "out_indices")):
+            d.pop(k, None)
+    if isinstance(taps, list) and taps and all(_int(i) and i >= 0 for i in taps):
+        d[BACKBONE_TAPS] = taps  # layer-based backbones (ViT/DINOv2 under DPT): remapped by _shrink_layers
     _shrink_layers(d, where)
     _shrink_heads(d, plan, where)
     _shrink_widths(d, ctx, plan)
     _shrink_experts(d)
+    _shrink_mamba(d)
     _shrink_vocab(d, ctx)
     _shrink_positions(d)
     _shrink_vision(d)
@@ -302,6 +390,12 @@ def _shrink_layers(d: dict[str, Any], where: str) -> None:
             v = d.get(key)
             if isinstance(v, list) and v and all(_int(i) and -n_old <= i < n_old for i in v):
                 d[key] = [idx.index(i % n_old) for i in v]  # every named layer was kept
+        v = d.get(BACKBONE_TAPS)
+        if not isinstance(d.get("depths"), list) and isinstance(v, list) and v:
+            if all(_int(i) and 0 <= i <= n_old for i in v):  # stage i is layer i - 1; 0 is the stem
+                d[BACKBONE_TAPS] = [idx.index(i - 1) + 1 if i > 0 else 0 for i in v]
+            else:
+                d.pop(BACKBONE_TAPS)
         if _int(d.get("first_k_dense_replace")) and d["first_k_dense_replace"] > 0:
             d["first_k_dense_replace"] = 1
         for key in ("vision_feature_layer", "select_layer", "feature_layer"):
@@ -316,6 +410,9 @@ def _shrink_layers(d: dict[str, Any], where: str) -> None:
         v = d.get(key)
         if isinstance(v, list) and all(_int(i) for i in v):
             d[key] = [min(i, 1) if i > 0 else i for i in v]
+
+
+BACKBONE_TAPS = "out_indices"
 
 
 def _layer_dict(value: Any, n: int) -> bool:
@@ -344,6 +441,13 @@ def _feature_layers(d: dict[str, Any], n: int) -> set[int]:
         v = d.get(key)
         if isinstance(v, list) and v and all(_int(i) and -n <= i < n for i in v):
             out.update(i % n for i in v)
+    v = d.get(BACKBONE_TAPS)
+    if (
+        not isinstance(d.get("depths"), list)
+        and isinstance(v, list)
+        and all(_int(i) and 0 <= i <= n for i in v)
+    ):
+        out.update(i - 1 for i in v if i > 0)
     return out
 
 
@@ -382,6 +486,14 @@ def _shrink_heads(d: dict[str, Any], plan: _WidthPlan, where: str) -> None:
         kv = d.get(key)
         if _int(kv) and kv > 0 and old_heads and new_heads:
             d[key] = new_heads if kv >= old_heads else 1
+    # Fields some config classes leave None by default though their modeling code reads them directly
+    # (real checkpoints always set them): head_dim = width / heads, key/value heads = heads (plain MHA),
+    # the values the other config classes derive.
+    if new_heads and plan.width_key and plan.new_width and "head_dim" in d and d["head_dim"] is None:
+        if plan.new_width % new_heads == 0:
+            d["head_dim"] = plan.new_width // new_heads
+    if new_heads and "num_key_value_heads" in d and d["num_key_value_heads"] is None:
+        d["num_key_value_heads"] = new_heads
 
 
 def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
@@ -397,7 +509,30 @@ def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
         v = d.get(key)
         if _int(v) and v > 0 and key != plan.width_key:
             d[key] = ctx.width_map.get(v) or min(v, _round_to(v * ratio, 8) if ratio < 1 else 64)
+    # LayoutLMv2/v3 spatial embeddings: x0, y0, x1, y1 (coordinate_size each) and h, w (shape_size each)
+    # are concatenated into the hidden width
+    c, sz, w = d.get("coordinate_size"), d.get("shape_size"), plan.new_width
+    if _int(c) and _int(sz) and _int(w) and 4 * c + 2 * sz != w and w % 2 == 0:
+        d["coordinate_size"] = w // 6
+        d["shape_size"] = (w - 4 * (w // 6)) // 2
+    # per-level widths that are another width of the model (RT-DETR's decoder_in_channels are the hybrid
+    # encoder's encoder_hidden_dim at every level): they follow it
+    for key in ("decoder_in_channels",):
+        v = d.get(key)
+        if isinstance(v, list) and v and all(_int(i) for i in v):
+            d[key] = [ctx.width_map.get(i, i) for i in v]
     # list-valued widths of hierarchical/conv models: keep stage ratios, cap the largest at 256
+    # HGNetV2-style stage channel lists chain into each other (stage_in[i + 1] == stage_out[i], the stem
+    # ends at stage_in[0]) and feed hidden_sizes' consumers: one factor for the whole group keeps them tied
+    group = [
+        k for k in STAGE_CHANNEL_KEYS if isinstance(d.get(k), list) and d[k] and all(_int(i) for i in d[k])
+    ]
+    top = max((max(d[k]) for k in group), default=0)
+    if "stage_out_channels" in group and top > 256:
+        f = 256 / top
+        for key in group:
+            keep = 1 if key == "stem_channels" else 0  # the stem's first entry is the image's channels
+            d[key] = d[key][:keep] + [max(8, _round_to(i * f, 8)) for i in d[key][keep:]]
     for key in ("hidden_sizes", "embed_dims", "embed_dim_per_stage", "dims", "neck_hidden_sizes", "channels"):
         v = d.get(key)
         if isinstance(v, list) and v and all(_int(i) for i in v) and max(v) > 256:
@@ -419,6 +554,28 @@ def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
         if key != plan.width_key and plan.width_key and isinstance(stages, list) and stages:
             if plan.old_width == stem * 2 ** (len(stages) - 1):
                 d[plan.width_key] = d[key] * 2 ** (len(stages) - 1)
+
+
+def _shrink_mamba(d: dict[str, Any]) -> None:
+    """Mamba2 mixers in hybrid models (Bamba, GraniteMoeHybrid, ...): n_heads x d_head must equal
+    expand x hidden_size. The head size stays (its kernels tile by it), the head count follows the
+    shrunk width; groups must divide the heads."""
+    for prefix in ("mamba_", "ssm_", "linear_"):
+        n, hd, ex = d.get(prefix + "n_heads"), d.get(prefix + "d_head"), d.get(prefix + "expand")
+        width = next((d[k] for k in WIDTH_KEYS if _int(d.get(k)) and d[k] > 0), None)
+        if not (_int(n) and _int(hd) and _int(ex) and width):
+            continue
+        inner = ex * width
+        if n * hd == inner:
+            continue
+        if inner % hd == 0:
+            d[prefix + "n_heads"] = inner // hd
+        g = d.get(prefix + "n_groups")
+        if _int(g) and d[prefix + "n_heads"] % g:
+            d[prefix + "n_groups"] = 1
+        chunk = d.get(prefix + "chunk_size")
+        if _int(chunk) and chunk > 64:
+            d[prefix + "chunk_size"] = 64
 
 
 def _shrink_experts(d: dict[str, Any]) -> None:
@@ -510,6 +667,11 @@ def _shrink_positions(d: dict[str, Any]) -> None:
         v = d.get(key)
         if _int(v) and v > SLIDING_WINDOW:
             d[key] = SLIDING_WINDOW
+    # query-based detectors that pick their queries by top-k over the encoder's anchors (RT-DETR,
+    # Grounding DINO): a tiny image has fewer anchors (8x8 + 4x4 + 2x2) than the 300-900 queries
+    top_k = "two_stage" in d or "anchor_image_size" in d
+    if top_k and _int(d.get("num_queries")) and d["num_queries"] > 32:
+        d["num_queries"] = 32
     if _int(d.get("attention_window")) and d["attention_window"] > 8:
         d["attention_window"] = 8  # longformer: even, sequence gets padded to a multiple
     elif isinstance(d.get("attention_window"), list):
@@ -586,6 +748,14 @@ def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[st
     d = copy.deepcopy(config)
     for k in ("_class_name", "_diffusers_version", "_name_or_path", "_use_default_values"):
         d.pop(k, None)
+    # __init__ defaults of None that the constructor computes with (real checkpoints set them): latent
+    # channels, patch size, key/value heads (plain multi-head attention)
+    if "in_channels" in d and d["in_channels"] is None:
+        d["in_channels"] = 4
+        if "patch_size" in d and d["patch_size"] is None:  # (a None patch_size alone means "no patching")
+            d["patch_size"] = 2
+    if "num_kv_heads" in d and d["num_kv_heads"] is None and _int(d.get("num_attention_heads")):
+        d["num_kv_heads"] = d["num_attention_heads"]
     blocks = d.get("block_out_channels")
     unet_like = isinstance(blocks, list | tuple) and len(blocks) > 0
     if unet_like:
@@ -593,7 +763,11 @@ def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[st
         keep = [0, n - 1] if n > 2 else list(range(n))
         widths = [32, 64][: len(keep)]
         for key, value in list(d.items()):
-            if isinstance(value, list | tuple) and len(value) == n and key != "block_out_channels":
+            if key == "conditioning_embedding_out_channels" and isinstance(value, list | tuple):
+                # the ControlNet's pixel-space stem: its stage count sets the 8x downsampling to the
+                # latent grid (not one entry per UNet block, though both have 4): keep it, narrower
+                d[key] = [min(i, 32) for i in value]
+            elif isinstance(value, list | tuple) and len(value) == n and key != "block_out_channels":
                 d[key] = [value[i] for i in keep]
         d["block_out_channels"] = widths
         for key in ("attention_head_dim", "num_attention_heads"):
@@ -663,4 +837,27 @@ def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[st
         d["base_dim"] = 32
     if _int(d.get("num_res_blocks")) and d["num_res_blocks"] > 1:
         d["num_res_blocks"] = 1
+    _shrink_diffusers_extras(d)
     return d
+
+
+def _shrink_diffusers_extras(d: dict[str, Any]) -> None:
+    """Sizes outside the heads x head_dim core of a transformer denoiser or a VAE without
+    block_out_channels: side MLPs (Chroma's 5120-wide guidance approximator), plain transformer stacks
+    (aMUSEd's UVit), per-stage channel lists of deep-compression autoencoders (DC-AE). Capped, with
+    their structure (stage count, which stages have attention) kept."""
+    heads = d.get("num_attention_heads")
+    for key, v in list(d.items()):
+        if not (isinstance(key, str) and _int(v)):
+            continue
+        if key.endswith(("hidden_dim", "hidden_size", "intermediate_size")) and v > 256:
+            d[key] = 256 if not _int(heads) or 256 % heads == 0 else 64 * heads
+        elif key in ("num_hidden_layers", "approximator_layers") and v > MAX_LAYERS:
+            d[key] = MAX_LAYERS
+    for key, v in list(d.items()):
+        if not (isinstance(key, str) and isinstance(v, list | tuple) and v and all(_int(i) for i in v)):
+            continue
+        if key.endswith("block_out_channels") and max(v) > 64:
+            d[key] = [min(i, 64) for i in v]
+        elif key.endswith("layers_per_block") and max(v) > 1:
+            d[key] = [min(i, 1) for i in v]
