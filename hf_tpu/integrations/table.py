@@ -29,6 +29,9 @@ class Patch:
     on: str = ""  # the module whose import applies it ("": the target's module; AT_IMPORT: `import hf_tpu`)
     kind: str = "replace"
     only: str = ""  # when it is applied at all, if not always (the function decides)
+    # False: what the patch installs calls into the runtime, so TorchDynamo must run it as it runs the
+    # runtime (never traced); `by`'s whole module is added to Dynamo's skip rules
+    traced: bool = True
 
     @property
     def module(self) -> str:
@@ -315,6 +318,26 @@ PATCHES: tuple[Patch, ...] = (
             "_parallel_config",
         ),
     ),
+    Patch(
+        "diffusers.models.attention_dispatch:_native_attention_forward_op",
+        "diffusers_parallel:patch_native_attention_forward_op",
+        "ring attention under a process group asks the native op for its logsumexp: on tpu it gives it",
+        "diffusers",
+        (
+            "ctx",
+            "query",
+            "key",
+            "value",
+            "attn_mask",
+            "dropout_p",
+            "is_causal",
+            "scale",
+            "enable_gqa",
+            "return_lse",
+            "_save_ctx",
+            "_parallel_config",
+        ),
+    ),
     # -- safetensors ---------------------------------------------------------------------------------------
     Patch(
         "safetensors:safe_open",
@@ -487,6 +510,7 @@ PATCHES: tuple[Patch, ...] = (
             "torch",
             (),
             on=AT_IMPORT,
+            traced=False,
         )
         for name in ("synchronize", "current_stream", "set_stream", "get_device_capability")
     ),
@@ -498,6 +522,7 @@ PATCHES: tuple[Patch, ...] = (
             "torch",
             (),
             on=AT_IMPORT,
+            traced=False,
         )
         for name in (
             "empty_cache",
@@ -534,4 +559,11 @@ def at_import() -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-__all__ = ["AT_IMPORT", "PATCHES", "Patch", "at_import", "hooks"]
+def untraced_modules() -> tuple[str, ...]:
+    """hf_tpu.integrations modules that TorchDynamo must skip as it skips the runtime (rows traced=False)."""
+    return tuple(
+        sorted({f"hf_tpu.integrations.{row.by.partition(':')[0]}" for row in PATCHES if not row.traced})
+    )
+
+
+__all__ = ["AT_IMPORT", "PATCHES", "Patch", "at_import", "hooks", "untraced_modules"]

@@ -91,11 +91,12 @@ def register_tpu_backend(registry: ModuleType) -> None:
 
 def keep_out_of_the_runtime(trace_rules: ModuleType) -> None:
     """As Dynamo's trace rules load: never trace hf_tpu's runtime or JAX, whichever backend compiles (they
-    run as they are, never traced)."""
-    # torch_accelerator's routers call into the runtime: skipped whole, as when they lived in it (Dynamo
-    # traces `torch.accelerator.current_stream()` at every frame it compiles; traced into, the router's
-    # call to the skipped `torch.tpu.current_stream` broke every graph once)
-    for module in ("hf_tpu.runtime", "hf_tpu.integrations.torch_accelerator", "jax", "jaxlib"):
+    run as they are, never traced), nor the integration modules whose patches call into the runtime (the
+    table's `traced=False` rows): traced into, `torch.accelerator.current_stream()`, which Dynamo reads at
+    every frame, would reach the skipped runtime and break every graph once."""
+    from hf_tpu.integrations.table import untraced_modules
+
+    for module in ("hf_tpu.runtime", *untraced_modules(), "jax", "jaxlib"):
         trace_rules.add(module)
 
 

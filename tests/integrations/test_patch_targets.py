@@ -269,3 +269,31 @@ def test_rebinding_once_rebinds_in_one_scan_at_the_end(modules):
         installed = patching.patch(upstream, "f", _plus_one, rebind=("f",))
         assert user.f is f  # not yet: one scan when the block ends
     assert user.f is installed and user.renamed is f  # only the names asked for
+
+
+def test_untraced_rows_keep_compiled_graphs_whole():
+    """Rows with traced=False install code that calls into the runtime: Dynamo must skip their module, or
+    its read of `torch.accelerator.current_stream()` at each frame breaks the graph."""
+    import torch._dynamo
+    from torch._dynamo import trace_rules
+
+    from hf_tpu.integrations.table import untraced_modules
+
+    assert "hf_tpu.integrations.torch_accelerator" in untraced_modules()
+    for name in untraced_modules():
+        assert trace_rules.check_file(importlib.import_module(name).__file__).skipped, name
+
+    from torch._dynamo.utils import counters
+
+    linear = torch.nn.Linear(4, 4).to("tpu")
+
+    def f(x):
+        return torch.relu(linear(x)) * 2 + 1
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, backend="tpu")
+    for rows in (2, 3):  # a recompile too
+        x = torch.randn(rows, 4)
+        torch.testing.assert_close(compiled(x.to("tpu")).cpu(), f(x.to("tpu")).cpu())
+    assert not counters["graph_break"], list(counters["graph_break"])
