@@ -1,7 +1,7 @@
 """Outputs keep the layout PyTorch gives them, and in-place writes make CPU's memory-overlap checks.
 
 Issue 22 part 5: `(x.t() * 2).stride()` follows the meta kernel's strides (a dense permutation is computed
-in memory order, `dispatch._out_layout`), in Strict, DeferAndFuse and compiled; writes whose destination
+in memory order, `out_specs.out_layout`), in Strict, DeferAndFuse and compiled; writes whose destination
 repeats elements or overlaps a source raise CPU's error (`tensors/overlap.py`).
 """
 

@@ -63,7 +63,9 @@ from hf_tpu.runtime.compile.graph_rng import (
     state_of_draw,
 )
 from hf_tpu.runtime.distributed import compiled as spmd
-from hf_tpu.runtime.execution.dispatch import _cast_like, _Signature, op_failure
+from hf_tpu.runtime.execution.dispatch import op_failure
+from hf_tpu.runtime.execution.out_specs import cast_like
+from hf_tpu.runtime.execution.signature import Signature
 from hf_tpu.runtime.launch import rng
 from hf_tpu.runtime.lowerings.table import graph_lowering
 from hf_tpu.runtime.tensors.tensor import RefProbe, to_jax, write
@@ -258,7 +260,7 @@ class GraphProgram:
                         raise RuntimeError(
                             f"hf_tpu compile: {target} failed in graph {self.name}: {exc}"
                         ) from exc
-                    env[node] = _cast_like(platform.jax().numpy, out, _spec(node))
+                    env[node] = cast_like(platform.jax().numpy, out, _spec(node))
                 elif not isinstance(target, torch._ops.OpOverload):
                     env[node] = target(*node_args, **kwargs)
                 else:
@@ -283,12 +285,12 @@ class GraphProgram:
 
     def _lower(self, op, args: list, kwargs: dict, key, node):
         """`op` applied through its lowering (`_apply`), cast to the traced result of `node`."""
-        return _cast_like(platform.jax().numpy, self._apply(op, args, kwargs, key), _result_spec(node))
+        return cast_like(platform.jax().numpy, self._apply(op, args, kwargs, key), _result_spec(node))
 
     def _apply(self, op, args: list, kwargs: dict, key):
         """`op` applied through its lowering (given `key` first when it is random); errors name the graph."""
         lowering = graph_lowering(op)
-        full = [_devicefree(v) for v in _Signature(op).normalize(tuple(args), kwargs)]
+        full = [_devicefree(v) for v in Signature(op).normalize(tuple(args), kwargs)]
         if lowering.random:
             full = [key, *full]
         try:

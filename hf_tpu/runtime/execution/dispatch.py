@@ -21,14 +21,25 @@ import torch
 
 from hf_tpu.runtime import arg_checks
 from hf_tpu.runtime.buffers import executables, memory, placement, platform
-from hf_tpu.runtime.buffers.dtypes import convert, to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.buffers.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import DONATION_LOCK, update_lock
+from hf_tpu.runtime.execution.out_specs import (
+    UNKNOWN,
+    LaidOut,
+    cast_like,
+    fit_fn,
+    lay_out,
+    meta_call,
+    meta_run,
+    out_layout,
+    out_spec,
+)
+from hf_tpu.runtime.execution.signature import GENERATOR, NUMBER, TENSOR, TENSOR_LIST, Signature
 from hf_tpu.runtime.launch import lazy, modes, rng
 from hf_tpu.runtime.launch.lazy import LazyValue
 from hf_tpu.runtime.lowerings.table import TABLE, Lowering, provide_kernel_factory
 from hf_tpu.runtime.tensors import overlap
-from hf_tpu.runtime.tensors.strided import memory_order
 from hf_tpu.runtime.tensors.tensor import (
     View,
     can_update_in_place,
@@ -43,9 +54,6 @@ from hf_tpu.runtime.tensors.tensor import (
 
 _payloads = REGISTRY._payloads
 
-# argument kinds
-_T, _TL, _S, _STATIC, _GEN = range(5)
-_META = torch.device("meta")
 _DTYPE = torch.dtype
 _PY_NUMBERS = (int, float, bool, complex)
 # executables built with baked-in scalar values before a kernel switches to traced scalars
@@ -91,7 +99,7 @@ def host_kernel(op, fn: Callable) -> Callable:
     entry = arg_checks.for_op(op)
     if entry is None:
         return outside_dynamo(fn)
-    sig = _Signature(op)
+    sig = Signature(op)
 
     @functools.wraps(fn)
     def checked(*args, **kwargs):
@@ -116,170 +124,10 @@ class LoweringMissing(NotImplementedError):
     pass
 
 
-def _kind(arg) -> int:
-    t = str(arg.type)
-    if t in ("Tensor", "Optional[Tensor]"):
-        return _T
-    if t in ("List[Tensor]", "List[Optional[Tensor]]"):
-        return _TL
-    if t in ("number", "Optional[number]"):
-        return _S
-    if t == "Optional[Generator]":
-        return _GEN
-    return _STATIC
-
-
-class _Signature:
-    """What the kernels need to know about a schema, computed once per overload."""
-
-    def __init__(self, op: torch._ops.OpOverload) -> None:
-        args = op._schema.arguments
-        self.names = [a.name for a in args]
-        self.kinds = tuple(_kind(a) for a in args)
-        self.n_positional = sum(1 for a in args if not a.kwarg_only)
-        self.defaults = [a.default_value if a.has_default_value() else None for a in args]
-        self.kwarg_only = [a.name for a in args if a.kwarg_only]
-        self.mutable = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
-        # `dtype=None` means torch.get_default_dtype() for factories: part of the cache key
-        self.optional_dtypes = [
-            i
-            for i, a in enumerate(args)
-            if a.name == "dtype" and str(a.type) in ("Optional[int]", "Optional[ScalarType]")
-        ]
-
-    def normalize(self, args: tuple, kwargs: dict) -> list:
-        full = list(args)
-        n = len(full)
-        if n < len(self.names):
-            for i in range(n, len(self.names)):
-                name = self.names[i]
-                full.append(kwargs[name] if name in kwargs else self.defaults[i])
-        return full
-
-    def split(self, full: list) -> tuple[list, dict]:
-        pos = full[: self.n_positional]
-        kw = {name: full[self.n_positional + i] for i, name in enumerate(self.kwarg_only)}
-        return pos, kw
-
-
 def _freeze(value):
     if isinstance(value, list | tuple):
         return tuple(_freeze(v) for v in value)
     return value
-
-
-def _meta_of(value):
-    if isinstance(value, torch.Tensor):
-        if value.device.type == "cpu" and value.dim() == 0:
-            return value
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=_META)
-    if isinstance(value, list | tuple):
-        return type(value)(_meta_of(v) for v in value)
-    if isinstance(value, torch.device):
-        return _META
-    return value
-
-
-def _out_spec(result):
-    """(shape, dtype) per output tensor of a meta run, None where unknown."""
-    if isinstance(result, torch.Tensor):
-        return (tuple(result.shape), result.dtype)
-    if isinstance(result, list | tuple):
-        return tuple(_out_spec(r) for r in result)
-    return None
-
-
-def _out_layout(result):
-    """How PyTorch lays out the outputs of a meta run: per output, its memory order where that is a dense
-    permutation other than row-major (`strided.memory_order`: `(x.t() * 2)` keeps the transposed layout,
-    as TensorIterator does), else None; None when every output is row-major (the common case)."""
-    if isinstance(result, torch.Tensor):
-        return memory_order(tuple(result.shape), result.stride()) if result.dim() > 1 else None
-    if isinstance(result, list | tuple):
-        orders = tuple(_out_layout(r) if isinstance(r, torch.Tensor) else None for r in result)
-        return orders if any(o is not None for o in orders) else None
-    return None
-
-
-_UNKNOWN = object()  # a meta run that could not say
-
-
-def _meta_call(op, sig: _Signature, full: list):
-    """PyTorch's meta kernel's result for `op`; _UNKNOWN where it cannot say (data-dependent etc.)."""
-    pos, kw = sig.split([_meta_of(v) if k != _GEN else None for v, k in zip(full, sig.kinds)])
-    if "device" in kw and kw["device"] is not None:
-        kw["device"] = _META
-    try:
-        return op(*pos, **kw)
-    except (NotImplementedError, torch._subclasses.fake_tensor.DataDependentOutputException):
-        return _UNKNOWN
-    # a meta kernel that breaks on optional arguments (_thnn_fused_lstm_cell's on no bias)
-    except (AttributeError, TypeError):
-        return _UNKNOWN
-    except RuntimeError as exc:
-        text = str(exc)
-        if "meta" in text.lower() and ("not implemented" in text.lower() or "could not run" in text.lower()):
-            return _UNKNOWN
-        if "data-dependent" in text or "Cannot copy out of meta tensor" in text:
-            return _UNKNOWN
-        raise
-
-
-def _meta_run(op, sig: _Signature, full: list):
-    """Ask PyTorch's meta kernel what `op` returns (`_out_spec`); None where it cannot say."""
-    result = _meta_call(op, sig, full)
-    return None if result is _UNKNOWN else _out_spec(result)
-
-
-class _LaidOut(tuple):
-    """The spec of a functional kernel whose outputs PyTorch lays out permuted: (the `_out_spec`, the
-    `_out_layout`). Its executable returns such an output transposed into memory order, and the output
-    tensor is that buffer permuted back (`wrap_laid_out`), so its strides are PyTorch's. Item 1 is no
-    dtype, so the common case's check in `_wrap` stays one test."""
-
-    __slots__ = ()
-
-
-def _lay_out(jnp, result, layout):
-    """The executable's results with each laid-out output transposed into its memory order."""
-    if type(layout[0]) is int:  # one output
-        return jnp.transpose(result, layout)
-    return type(result)(r if o is None else jnp.transpose(r, o) for r, o in zip(result, layout))
-
-
-def _cast_like(jnp, result, spec):
-    if spec is None:
-        return result
-    if isinstance(result, list | tuple):
-        return type(result)(_cast_like(jnp, r, s) for r, s in zip(result, spec))
-    if not hasattr(result, "dtype"):  # a Python value among graph outputs
-        return result
-    shape, dtype = spec
-    jdt = to_jax_dtype(dtype)
-    if result.dtype != jdt:
-        result = convert(result, jdt)
-    if shape is not None and tuple(result.shape) != shape:
-        result = jnp.broadcast_to(result, shape) if result.size != _prod(shape) else result.reshape(shape)
-    return result
-
-
-_fit_cache: dict = {}
-
-
-def fit_fn(shape: tuple, jdt):
-    """A jitted cast + broadcast to (shape, dtype): how results are stored into a destination."""
-    fn = _fit_cache.get((shape, jdt))
-    if fn is None:
-        jax = platform.jax()
-        fn = _fit_cache[(shape, jdt)] = jax.jit(lambda x: jax.numpy.broadcast_to(x.astype(jdt), shape))
-    return fn
-
-
-def _prod(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class _Entry:
@@ -298,11 +146,11 @@ _VALUE = object()  # template entry of a tensor passed as its own value
 def _placeholder(value, kind, views):
     """An argument as the executable's template holds it (no tensors: the cache must not keep their
     storages alive). `views` yields, per tensor in order, the `View` `run` passed it through (or None)."""
-    if kind == _T and type(value) not in _PY_NUMBERS:
+    if kind == TENSOR and type(value) not in _PY_NUMBERS:
         return None if value is None else next(views) or _VALUE
-    if kind == _TL:
+    if kind == TENSOR_LIST:
         return [None if x is None else next(views) or _VALUE for x in value]
-    if kind == _S and isinstance(value, torch.Tensor):
+    if kind == NUMBER and isinstance(value, torch.Tensor):
         return True
     return value
 
@@ -337,9 +185,9 @@ def _user_frame() -> str:
 def _describe(full: list, kinds) -> str:
     parts = []
     for v, k in zip(full, kinds):
-        if k == _T and isinstance(v, torch.Tensor):
+        if k == TENSOR and isinstance(v, torch.Tensor):
             parts.append(f"Tensor{list(v.shape)}:{str(v.dtype).removeprefix('torch.')}@{v.device}")
-        elif k == _TL and v is not None:
+        elif k == TENSOR_LIST and v is not None:
             parts.append(
                 "["
                 + ", ".join(
@@ -373,10 +221,10 @@ class OpKernel:
         self.op = op
         self.lowering = lowering
         self.mode = mode
-        self.sig = _Signature(op)
+        self.sig = Signature(op)
         # in-place/out=: the functional overload whose schema the lowering is written for
         self.functional = functional or op
-        self.fsig = _Signature(self.functional) if functional is not None else self.sig
+        self.fsig = Signature(self.functional) if functional is not None else self.sig
         self.cache: dict = {}
         self.lock = threading.Lock()
         self.dynamic_scalars = False
@@ -451,7 +299,7 @@ class OpKernel:
     def _wrap(self, results, spec):
         if spec is not None and type(spec[1]) is _DTYPE:
             return wrap_spec(results, spec)  # one output of known shape and dtype: the common case
-        if type(spec) is _LaidOut:
+        if type(spec) is LaidOut:
             spec, layout = spec
             if type(spec[1]) is _DTYPE:
                 return wrap_laid_out(results, spec[1], layout)
@@ -513,7 +361,7 @@ class OpKernel:
         dynamic = self.dynamic_scalars
         generator = None
         for v, k in zip(fargs, self.fsig.kinds):
-            if k == _T:
+            if k == TENSOR:
                 if v is None:
                     append(None)
                 elif type(v) in _PY_NUMBERS:  # a wrapped number (x * 0.5) arrives as a Python scalar
@@ -533,14 +381,14 @@ class OpKernel:
                         if offset is not None:
                             leaves.append(offset)
                     append(a.dtype)
-            elif k == _S:
+            elif k == NUMBER:
                 tv = type(v)
                 if (tv is float or tv is int) and self._scalar_is_leaf(v, dynamic):
                     leaves.append(v)
                     append(tv)
                 else:
                     append(_scalar_key(v))
-            elif k == _TL:
+            elif k == TENSOR_LIST:
                 sub = []
                 for x in v:
                     if x is None:
@@ -553,7 +401,7 @@ class OpKernel:
                             leaves.append(offset)
                         sub.append((a.shape if view is None else view, a.dtype))
                 append(tuple(sub))
-            elif k == _GEN:
+            elif k == GENERATOR:
                 if v is not None:
                     if v.device.type != "tpu":
                         return self._run_with_cpu_generator(fargs, full)
@@ -631,9 +479,9 @@ class OpKernel:
         # what PyTorch would return (dtype, shape); the in-place/out= op itself validates its arguments
         layout = None
         if self.mode == "inplace":
-            spec = _meta_run(self.op, self.sig, full)
+            spec = meta_run(self.op, self.sig, full)
             # some in-place meta kernels (mul_) skip PyTorch's result-type check: apply it here
-            fspec = _meta_run(self.functional, self.fsig, fargs)
+            fspec = meta_run(self.functional, self.fsig, fargs)
             dest = full[0]
             if fspec and isinstance(fspec[1], torch.dtype) and not torch.can_cast(fspec[1], dest.dtype):
                 raise RuntimeError(
@@ -641,25 +489,25 @@ class OpKernel:
                     f"{_dtype_name(dest.dtype)}"
                 )
         else:
-            meta = _meta_call(self.functional, self.fsig, fargs)
-            spec = None if meta is _UNKNOWN else _out_spec(meta)
+            meta = meta_call(self.functional, self.fsig, fargs)
+            spec = None if meta is UNKNOWN else out_spec(meta)
             # outputs PyTorch lays out permuted are computed in memory order (functional kernels only: an
             # in-place or out= result is stored into its destination's own layout)
-            if self.mode == "functional" and meta is not _UNKNOWN:
-                layout = _out_layout(meta)
+            if self.mode == "functional" and meta is not UNKNOWN:
+                layout = out_layout(meta)
         kinds = self.fsig.kinds
         # how each argument reaches the lowering: a traced leaf, a list of leaves, or a baked-in value
         how = []
         n_baked = 0
         for v, k in zip(fargs, kinds):
-            number = type(v) in _PY_NUMBERS and k in (_T, _S)
+            number = type(v) in _PY_NUMBERS and k in (TENSOR, NUMBER)
             if number:
                 leaf = self._scalar_is_leaf(v, dynamic)
                 n_baked += not leaf
-                how.append(_LEAF if leaf else _BAKED_ARRAY if k == _T else _BAKED)
-            elif k == _T:
+                how.append(_LEAF if leaf else _BAKED_ARRAY if k == TENSOR else _BAKED)
+            elif k == TENSOR:
                 how.append(_BAKED if v is None else _LEAF)
-            elif k == _TL:
+            elif k == TENSOR_LIST:
                 how.append(_LEAVES)
             else:
                 how.append(_BAKED)
@@ -692,10 +540,10 @@ class OpKernel:
                     args.append(jnp.asarray(v))
                 else:
                     args.append(v)
-            out = _cast_like(jnp, fn(*args), spec)
-            return out if layout is None else _lay_out(jnp, out, layout)
+            out = cast_like(jnp, fn(*args), spec)
+            return out if layout is None else lay_out(jnp, out, layout)
 
-        return _Entry(jax.jit(call), spec if layout is None else _LaidOut((spec, layout)), self.op)
+        return _Entry(jax.jit(call), spec if layout is None else LaidOut((spec, layout)), self.op)
 
     def _run_with_cpu_generator(self, fargs, full):
         """A CPU `torch.Generator` was passed: draw on CPU with it (exact CPU stream), then copy over."""
@@ -759,7 +607,7 @@ def functional_of(op) -> torch._ops.OpOverload | None:
     """The functional overload an in-place/out= overload computes (add_.Tensor -> add.Tensor)."""
     schema = op._schema
     name = schema.name.removeprefix("aten::")
-    sig = _Signature(op)
+    sig = Signature(op)
     if not sig.mutable:
         return None
     if sig.mutable == [0] and name.endswith("_") and not schema.arguments[0].kwarg_only:
@@ -769,7 +617,7 @@ def functional_of(op) -> torch._ops.OpOverload | None:
         target = _arg_names(op)
         for ov in packet.overloads():
             cand = getattr(packet, ov)
-            if _Signature(cand).mutable:
+            if Signature(cand).mutable:
                 continue
             if _arg_names(cand) == target:
                 return cand
@@ -781,7 +629,7 @@ def functional_of(op) -> torch._ops.OpOverload | None:
     target = [n for i, n in enumerate(_arg_names(op)) if i not in sig.mutable]
     for ov in packet.overloads():
         cand = getattr(packet, ov)
-        if cand is op or _Signature(cand).mutable:
+        if cand is op or Signature(cand).mutable:
             continue
         if _arg_names(cand) == target:
             return cand
@@ -789,12 +637,12 @@ def functional_of(op) -> torch._ops.OpOverload | None:
 
 
 def derived_kernel(op) -> OpKernel | None:
-    if any(str(op._schema.arguments[i].type).startswith("List") for i in _Signature(op).mutable):
+    if any(str(op._schema.arguments[i].type).startswith("List") for i in Signature(op).mutable):
         return None  # list outputs (_foreach_*_, *.List_out) are lowered explicitly
     func = functional_of(op)
     if func is None or func not in TABLE or TABLE[func].kind != "jit":
         return None
-    mode = "inplace" if op._schema.name.endswith("_") and _Signature(op).mutable == [0] else "out"
+    mode = "inplace" if op._schema.name.endswith("_") and Signature(op).mutable == [0] else "out"
     return OpKernel(op, TABLE[func], mode=mode, functional=func)
 
 

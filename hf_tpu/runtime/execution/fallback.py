@@ -18,11 +18,11 @@ from hf_tpu.runtime.execution.dispatch import (
     LoweringMissing,
     OpKernel,
     _describe,
-    _Signature,
     _to_cpu,
     derived_kernel,
     host_kernel,
 )
+from hf_tpu.runtime.execution.signature import Signature
 from hf_tpu.runtime.lowerings.table import TABLE
 
 _fallback_cache: dict = {}
@@ -87,7 +87,7 @@ def _fallback_handler(op):
 def _missing(op, args, kwargs):
     if _cpu_fallback_enabled():
         return cpu_fallback(op, args, kwargs)
-    sig = _Signature(op)
+    sig = Signature(op)
     full = sig.normalize(args, kwargs)
     raise LoweringMissing(
         f"hf_tpu has no lowering for {op._schema.name}.{op._overloadname} "
@@ -107,7 +107,7 @@ def cpu_fallback(op, args, kwargs):
     cpu_args = [_to_cpu(a) for a in args]
     cpu_kwargs = {k: _to_cpu(v) for k, v in kwargs.items()}
     result = op(*cpu_args, **cpu_kwargs)
-    sig = _Signature(op)
+    sig = Signature(op)
     full = sig.normalize(args, kwargs)
     cpu_full = sig.normalize(tuple(cpu_args), cpu_kwargs)
     for i in sig.mutable:  # written arguments: single tensors and lists of them (`_foreach_*_`, AMP ops)
