@@ -26,7 +26,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from hf_tpu.runtime.buffers import host_copies, platform
+from hf_tpu.runtime.buffers import file_pages, host_copies, platform
 from hf_tpu.runtime.buffers.dtypes import (
     check_platform_dtype,
     numpy_from_torch,
@@ -67,10 +67,11 @@ def host_to_jax(t: torch.Tensor, spec: Spec | None = None):
     if spec is not None:
         sharding = named_sharding(spec, tuple(t.shape))
         # device_put slices the host array per chip; on CPU the slices are copied (never aliased)
-        return jax.device_put(np.array(array, copy=True) if _host_platform() else array, sharding)
-    if _host_platform():
-        array = np.array(array, copy=True)
-    return jax.device_put(array)
+        out = jax.device_put(np.array(array, copy=True) if _host_platform() else array, sharding)
+    else:
+        out = jax.device_put(np.array(array, copy=True) if _host_platform() else array)
+    file_pages.release(t)  # a checkpoint's mapped pages, once copied (clean file pages only)
+    return out
 
 
 def numpy_to_jax(array: np.ndarray):
