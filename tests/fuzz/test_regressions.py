@@ -320,9 +320,9 @@ def test_write_through_unfold_view_of_integers(source, mode):
     check(source, mode)
 
 
-# ------------------------------------------------------- open: as_strided of an empty view, compiled
-# The graph lowering of as_strided reads the view it is given (empty here) instead of the storage the
-# view lies on; eager modes agree with CPU. The generator draws no as_strided of an empty view.
+# ------------------------------------------------------- as_strided of an empty view, compiled
+# The graph lowering of as_strided read the view it was given (empty here) instead of the storage the
+# view lies on (compile/strided_reads.py points it at the storage's root now).
 
 AS_STRIDED_OF_EMPTY_VIEW = """
 def make_inputs(device):
@@ -344,10 +344,5 @@ def test_as_strided_of_empty_view_reads_the_storage(mode):
     check(AS_STRIDED_OF_EMPTY_VIEW, mode)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compiled: aten.as_strided's graph lowering gathers from the empty view instead of its "
-    "storage ('index is out of bounds for axis 0 with size 0')",
-)
 def test_compiled_as_strided_of_empty_view_reads_the_storage():
     check(AS_STRIDED_OF_EMPTY_VIEW, "compiled")

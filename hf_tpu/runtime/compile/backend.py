@@ -38,7 +38,7 @@ from hf_tpu.runtime.buffers import executables, platform
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import DONATION_LOCK, update_lock
 from hf_tpu.runtime.compile import control_flow as control_flow
-from hf_tpu.runtime.compile import dynamo_prep
+from hf_tpu.runtime.compile import dynamo_prep, strided_reads
 from hf_tpu.runtime.compile.graph_outputs import (
     AS_VIEW,
     FROM_ARG,
@@ -118,7 +118,8 @@ class GraphProgram:
     ) -> None:
         self.gm = gm
         self.name = name
-        self.missing = self._find_missing()
+        # as_strided of views reads their storage's root; what the values cannot answer runs op by op
+        self.missing = strided_reads.resolve(gm) + self._find_missing()
         # (input index, index of the output that becomes its new value): see `donation_plan`
         self.donation_plan = donation_plan
         self.mutations = donation_plan  # the same pairs, kept when donation is turned off
