@@ -56,6 +56,18 @@ def test_fully_shard_training_matches_one_cpu_process(world_size, models, steps,
     assert _passed(results) == [_expect(models, steps)] * world_size, report(results)
 
 
+def test_fully_shard_under_torch_compile_matches_one_cpu_process():
+    """The same training with the sharded model under `torch.compile(backend="tpu")` (2 ranks): FSDP2's
+    hooks break the graph where they run, the blocks between them compile; every step's loss and the final
+    parameters equal the CPU run (parameters at 1e-4: XLA's fused rounding, see the worker)."""
+    models, steps = ["mlp", "llama"], 2
+    results = _run(2, models, steps, timeout=600, extra_env={"FSDP2_COMPILE": "1"})
+    assert _passed(results) == [_expect(models, steps)] * 2, report(results)
+    for r in results:
+        graphs = re.search(r"compiled graphs: (\d+)", r.output)
+        assert graphs and int(graphs.group(1)) >= 2, report(results)
+
+
 def test_fully_shard_on_dp_and_tensor_parallel_on_tp_of_a_2d_mesh():
     """`init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))` on 4 ranks: `parallelize_module` on
     the "tp" sub-mesh, then `fully_shard` per block and at the root on "dp" (2-D DTensor parameters).

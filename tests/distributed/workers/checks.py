@@ -63,12 +63,13 @@ class Checker:
         self.failures: list[str] = []
         self.passed = 0
 
-    def close(self, name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    def close(self, name: str, actual: torch.Tensor, expected: torch.Tensor, **tolerance) -> None:
+        """`tolerance` (rtol and atol) overrides the dtype's default."""
         try:
             assert actual.device.type == "tpu", f"result is on {actual.device}"
             got = actual.cpu()
             assert got.dtype == expected.dtype, f"dtype {got.dtype} != {expected.dtype}"
-            torch.testing.assert_close(got, expected, **tolerances(expected.dtype))
+            torch.testing.assert_close(got, expected, **(tolerances(expected.dtype) | tolerance))
             self.passed += 1
         except Exception as exc:  # noqa: BLE001 - collected, reported at the end
             self.failures.append(f"[rank {self.rank}] {name}: {exc}")
