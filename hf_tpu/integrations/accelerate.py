@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -183,6 +184,45 @@ def patch_state(module: ModuleType) -> None:
         return property(default_device, doc=prop.__doc__)
 
     patch(module.PartialState, "default_device", make)
+
+
+def _torchrun_on_tpu(cpu: bool) -> bool:
+    """A launcher started this process (LOCAL_RANK set), the user did not ask for CPU, and tpu is current."""
+    return not cpu and int(os.environ.get("LOCAL_RANK", -1)) != -1 and tpu_is_accelerator()
+
+
+def patch_state_distributed(module: ModuleType) -> None:
+    """`PartialState._prepare_backend` probes mlu/npu/hpu/cuda/xpu/neuron for a torchrun process and finds
+    none on tpu, so a `tpu_dist` job ran as `DistributedType.NO` with one process (`Trainer` on a tp model
+    then failed: "ParallelismConfig total_size (2) does not match num_processes (1)"). Map it to
+    `MULTI_GPU`, accelerate's generic "one accelerator per process over torch.distributed" type (DDP
+    wrapping, sampler sharding, barriers, rng sync), with backend `tpu_dist`; `set_device` then names
+    `tpu:local_rank` with `torch.tpu.set_device` (not `torch.cuda`, which MULTI_GPU would call)."""
+    distributed_type = module.DistributedType
+
+    def make_prepare(original):
+        @functools.wraps(original)
+        def _prepare_backend(self, cpu: bool = False, sagemaker_dp=False, backend: str | None = None):
+            chosen, kind = original(self, cpu, sagemaker_dp, backend)
+            if kind == distributed_type.NO and backend in (None, "tpu_dist") and _torchrun_on_tpu(cpu):
+                return "tpu_dist", distributed_type.MULTI_GPU
+            return chosen, kind
+
+        return _prepare_backend
+
+    def make_set_device(original):
+        @functools.wraps(original)
+        def set_device(self) -> None:
+            if self.device is None and self.backend == "tpu_dist":
+                torch.tpu.set_device(self.local_process_index)
+                self.device = torch.device("tpu", torch.tpu.current_device())
+                return
+            original(self)
+
+        return set_device
+
+    patch(module.PartialState, "_prepare_backend", make_prepare)
+    patch(module.PartialState, "set_device", make_set_device)
 
 
 _TPU_RNG_KEY = "torch_tpu_manual_seed"

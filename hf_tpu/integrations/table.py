@@ -77,6 +77,19 @@ PATCHES: tuple[Patch, ...] = (
         "accelerate",
     ),
     Patch(
+        "accelerate.state:PartialState._prepare_backend",
+        "accelerate:patch_state_distributed",
+        "a torchrun job on tpu ran as one process (no probe for tpu): MULTI_GPU with backend tpu_dist",
+        "accelerate",
+        ("cpu", "sagemaker_dp", "backend"),
+    ),
+    Patch(
+        "accelerate.state:PartialState.set_device",
+        "accelerate:patch_state_distributed",
+        "with backend tpu_dist, name tpu:local_rank through torch.tpu.set_device (MULTI_GPU would call torch.cuda)",
+        "accelerate",
+    ),
+    Patch(
         "accelerate.checkpointing:save_accelerator_state",
         "accelerate:patch_checkpointing",
         "Accelerator.save_state keeps the tpu generator's state too (rebound in accelerate.accelerator)",

@@ -128,7 +128,11 @@ def test_resumed_trainer_with_dropout_continues_like_an_uninterrupted_run(tmp_pa
 def test_accelerator_load_state_restores_the_tpu_generator(tmp_path):
     """`Accelerator.save_state`/`load_state` keep the tpu generator's state with the cpu/cuda ones."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
 
+    # accelerate's state is a process-wide singleton: a `use_cpu=True` TrainingArguments built by an
+    # earlier test would otherwise decide this Accelerator's device
+    AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator()
     assert accelerator.device.type == "tpu"
     dropout = torch.nn.Dropout(0.5)
