@@ -17,8 +17,12 @@ partitions every op and inserts the collectives, so each result is the unsplit c
 - diffusers' own API without a process group: `model.enable_parallelism(config=ContextParallelConfig(
   ring_degree=N | ulysses_degree=N))` and `TensorParallelConfig(tp_degree=N)` (also as
   `from_pretrained(..., parallel_config=...)`) map onto the above over the mesh axis of size N, the way
-  transformers' `tp_plan="auto"` maps onto the `tp` placement. Under torchrun with a process group,
-  diffusers' own DTensor/collective path runs untouched.
+  transformers' `tp_plan="auto"` maps onto the `tp` placement.
+- under torchrun with a process group (`tpu_dist`), none of the above: `enable_parallelism` and
+  `from_pretrained(parallel_config=)` run diffusers' own path (its device mesh, `_cp_plan` hooks, ring/Ulysses
+  attention over functional collectives, DTensor tensor parallel; tests/distributed/test_diffusers_dist.py).
+  One addition: ring attention asks the attention op for each step's logsumexp, which diffusers' native op
+  refuses; on tpu it gives it (`patch_native_attention_forward_op`), so ring runs on the native backend.
 """
 
 from __future__ import annotations
@@ -401,6 +405,62 @@ def _wrap_templated(original):
         )
 
     return _templated_context_parallel_attention
+
+
+# -- ring attention's per-step logsumexp, multi-process --------------------------------------------------------
+def _wrap_native_forward_op(original):
+    """diffusers' ring attention (TemplatedRingAttention, under a process group) merges each step's partial output
+    by its logsumexp, asking the backend's forward op for `return_lse=True`; the native op refuses (on CUDA one
+    picks a flash backend, which tpu has not). On tpu the fused SDPA entry returns the logsumexp anyway, so the
+    native op gives it: out (B, S, H, D) as before and lse (B, S, H) in float32, the layout the ring expects."""
+
+    @functools.wraps(original)
+    def _native_attention_forward_op(
+        ctx,
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+        return_lse=False,
+        _save_ctx=True,
+        _parallel_config=None,
+    ):
+        if not (return_lse and query.device.type == "tpu" and not enable_gqa):
+            return original(
+                ctx,
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale,
+                enable_gqa,
+                return_lse,
+                _save_ctx=_save_ctx,
+                _parallel_config=_parallel_config,
+            )
+        if _save_ctx:  # what the native backward op reads
+            ctx.save_for_backward(query, key, value)
+            ctx.attn_mask, ctx.dropout_p, ctx.is_causal = attn_mask, dropout_p, is_causal
+            ctx.scale, ctx.enable_gqa = scale, enable_gqa
+        q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
+        out, lse = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(
+            q, k, v, attn_mask, dropout_p, is_causal, False, scale=scale
+        )[:2]
+        return out.permute(0, 2, 1, 3), lse.transpose(1, 2)
+
+    return _native_attention_forward_op
+
+
+def patch_native_attention_forward_op(module: ModuleType) -> None:
+    """diffusers.models.attention_dispatch: the native forward op returns the logsumexp on tpu (ring attention)."""
+    if hasattr(module, "_native_attention_forward_op"):
+        patch(module, "_native_attention_forward_op", _wrap_native_forward_op)
 
 
 def patch_attention_dispatch(module: ModuleType) -> None:
