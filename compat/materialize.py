@@ -11,6 +11,7 @@ effective config is identical run once.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import inspect
 import json
@@ -440,7 +441,22 @@ def diffusers_default_config(cls: Any) -> dict[str, Any]:
             continue
         if p.default is not inspect.Parameter.empty:
             out[k] = list(p.default) if isinstance(p.default, tuple) else p.default
+        elif k in REQUIRED_INIT_DEFAULTS:
+            out[k] = copy.deepcopy(REQUIRED_INIT_DEFAULTS[k])
     return out
+
+
+# Values for __init__ arguments a class declares without a default (its checkpoints always set them;
+# HunyuanImage 2.1's VAE has seven): small, mutually consistent image-VAE sizes (3 downsampling stages)
+REQUIRED_INIT_DEFAULTS: dict[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "latent_channels": 16,
+    "block_out_channels": [32, 64, 64, 64],
+    "layers_per_block": 1,
+    "spatial_compression_ratio": 8,
+    "sample_size": 32,
+}
 
 
 def _plan_diffusers(entry: dict[str, Any], tier: str) -> Plan:
@@ -549,21 +565,48 @@ def materialize(plan: Plan, cache_dir: str | os.PathLike[str]) -> str:
 
     root = Path(cache_dir)
     path = root / plan.dedup_key[:24]
-    fit_checkpoint_cap(plan)  # before the cache check: the cached folder holds the fitted config
     if (path / ".complete").exists():
+        # the folder holds the config the cap fitted when it was written: read it, never rebuild the
+        # model on the meta device to size it again
+        adopt_cached_config(plan, path)
         return str(path)
+    fit_checkpoint_cap(plan)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{path.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     torch.manual_seed(SEED)
     model = build_model(plan)
     model.save_pretrained(str(tmp))
+    fitted = {"config": plan.config, "notes": [n for n in plan.notes if n.startswith("shrunk harder")]}
+    (tmp / FITTED).write_text(json.dumps(fitted, default=str))
     (tmp / ".complete").write_text(plan.model_class + "\n")
     try:
         os.rename(tmp, path)
     except OSError:  # another worker finished the same key first
         shutil.rmtree(tmp, ignore_errors=True)
     return str(path)
+
+
+FITTED = ".fitted.json"  # the plan's config and cap notes as materialize wrote them
+
+
+def adopt_cached_config(plan: Plan, path: str | os.PathLike[str]) -> None:
+    """Take the config a cached checkpoint was written with (and the note of a harder shrink) from the
+    folder: its sidecar, else its config.json (folders written before the sidecar existed)."""
+    folder = Path(path)
+    try:
+        fitted = json.loads((folder / FITTED).read_text())
+    except (OSError, ValueError):
+        try:
+            saved = json.loads((folder / "config.json").read_text())
+        except (OSError, ValueError):
+            return
+        if plan.library == "diffusers":  # diffusers adds its bookkeeping keys to what from_config took
+            saved = {k: v for k, v in saved.items() if not k.startswith("_")}
+        fitted = {"config": saved, "notes": []}
+    if isinstance(fitted.get("config"), dict):
+        plan.config = fitted["config"]
+    plan.notes += [n for n in fitted.get("notes") or [] if n not in plan.notes]
 
 
 def checkpoint_bytes(plan: Plan) -> int | None:

@@ -76,6 +76,12 @@ OVERRIDES: dict[str, Override] = {
         mt: Override(config={"backbone_config": _RESNET_BACKBONE})
         for mt in ("detr", "conditional_detr", "table-transformer", "deformable_detr", "dab-detr")
     },
+    # OmniGen (diffusers) builds Phi-3's "su" scaled rotary embedding from rope_scaling, which its class
+    # default leaves None (the checkpoint sets per-frequency factors): factors of 1.0, one per frequency
+    # of the 128-wide heads the shrinker keeps (hidden 256 over 2 heads).
+    "OmniGenTransformer2DModel": Override(
+        config={"rope_scaling": {"short_factor": [1.0] * 64, "long_factor": [1.0] * 64}}
+    ),
     # Timm wrappers and models needing external weights/tokenizers at construction cannot be built offline.
     "timm_wrapper": Override(skip="needs the timm package and a timm checkpoint name"),
     "timm_backbone": Override(skip="needs the timm package and a timm checkpoint name"),

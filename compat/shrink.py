@@ -743,6 +743,24 @@ DIFFUSERS_WIDTH_KEYS = (
 )
 
 
+# GroupNorm group counts: the shrunk stages have 32-64 channels (Kandinsky 3 calls it "groups")
+GROUP_KEYS = (
+    "norm_num_groups",
+    "attn_norm_num_groups",
+    "groups",
+    "num_groups",
+    "resnet_groups",
+    "norm_groups",
+)
+# transformer denoisers that name their core outside diffusers' num_attention_heads x attention_head_dim
+# (Z-Image, Bria Fibo, PRX, Kandinsky 5/6, LongCat-AudioDiT): width, heads and depth under these names
+DIFFUSERS_CORE_WIDTH_KEYS = ("dim", "hidden_size", "model_dim", "dit_dim")
+DIFFUSERS_CORE_HEAD_KEYS = ("n_heads", "num_heads", "dit_heads", "num_attention_heads")
+DIFFUSERS_CORE_KV_KEYS = ("n_kv_heads", "num_kv_heads", "num_key_value_heads")
+# derived sizes that follow the width by ratio
+DIFFUSERS_FFN_KEYS = ("ff_dim", "ffn_dim", "intermediate_size", "mlp_dim", "ffn_hidden_size")
+
+
 def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[str, Any]:
     """A shrunk copy of a diffusers model config (init kwargs); UNets keep 2 blocks, transformers 2 layers."""
     d = copy.deepcopy(config)
@@ -761,7 +779,11 @@ def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[st
     if unet_like:
         n = len(blocks)
         keep = [0, n - 1] if n > 2 else list(range(n))
-        widths = [32, 64][: len(keep)]
+        if _int(d.get("spatial_compression_ratio")):
+            # video/image VAEs that downsample once per stage up to a stated ratio (HunyuanVideo 1.5,
+            # HunyuanImage): every stage stays, narrower
+            keep = list(range(n))
+        widths = ([32] + [64] * (len(keep) - 1))[: len(keep)]
         for key, value in list(d.items()):
             if key == "conditioning_embedding_out_channels" and isinstance(value, list | tuple):
                 # the ControlNet's pixel-space stem: its stage count sets the 8x downsampling to the
@@ -783,7 +805,7 @@ def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[st
         tl = d.get("transformer_layers_per_block")
         if isinstance(tl, list | tuple):
             d["transformer_layers_per_block"] = [1 for _ in tl]
-        for key in ("norm_num_groups", "attn_norm_num_groups"):
+        for key in GROUP_KEYS:
             if _int(d.get(key)):
                 d[key] = min(d[key], 8)
         for key in DIFFUSERS_WIDTH_KEYS:
@@ -795,8 +817,11 @@ def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[st
             v = d.get(key)
             if isinstance(v, list | tuple):
                 d[key] = [min(i, 32) for i in v]
+        _fill_diffusers_nones(d)
         return d
     # transformer-style denoisers: heads x head_dim, layer counts, text/pooled conditioning widths
+    if not _int(d.get("attention_head_dim")):
+        _shrink_diffusers_core(d)
     heads, head_dim = d.get("num_attention_heads"), d.get("attention_head_dim")
     old_inner = heads * head_dim if _int(heads) and _int(head_dim) else None
     new_heads = min(heads, HEADS) if _int(heads) else None
@@ -833,12 +858,93 @@ def shrink_diffusers_config(config: dict[str, Any], model: str = "?") -> dict[st
         d["max_text_seq_length"] = 16
     if isinstance(d.get("dual_attention_layers"), list | tuple):
         d["dual_attention_layers"] = [i for i in d["dual_attention_layers"] if _int(i) and i < MAX_LAYERS]
-    if _int(d.get("base_dim")) and d["base_dim"] > 32:
-        d["base_dim"] = 32
+    for key in ("base_dim", "decoder_base_dim"):  # Wan/Qwen-Image VAEs (2.1 widens the decoder)
+        if _int(d.get(key)) and d[key] > 32:
+            d[key] = 32
     if _int(d.get("num_res_blocks")) and d["num_res_blocks"] > 1:
         d["num_res_blocks"] = 1
     _shrink_diffusers_extras(d)
+    _fit_diffusers_heads(d)
+    _fit_layer_lists(d)
+    _fill_diffusers_nones(d)
     return d
+
+
+def _shrink_diffusers_core(d: dict[str, Any]) -> None:
+    """Width x heads x depth of transformer denoisers without attention_head_dim: the head size stays
+    (width / heads, or the rope axes' sum when no head count is given, as Kandinsky 5/6 derive it), the
+    heads drop to HEADS, the width follows, FFN sizes follow by ratio, block/layer counts drop to
+    MAX_LAYERS."""
+    wkey = next((k for k in DIFFUSERS_CORE_WIDTH_KEYS if _int(d.get(k)) and d[k] > 0), None)
+    hkey = next((k for k in DIFFUSERS_CORE_HEAD_KEYS if _int(d.get(k)) and d[k] > 0), None)
+    if wkey:
+        width = d[wkey]
+        axes = next((d[k] for k in ("axes_dims", "axes_dim", "axes_dims_rope") if _axes(d.get(k))), None)
+        if hkey and width % d[hkey] == 0:
+            head_dim, heads = width // d[hkey], min(d[hkey], HEADS)
+        elif axes and width % sum(axes) == 0:
+            head_dim, heads = sum(axes), 1 if not hkey else min(d[hkey], HEADS)
+        else:
+            head_dim, heads = min(width, 64), 1
+        new = min(width, head_dim * heads)
+        if hkey:
+            d[hkey] = heads
+        for key in DIFFUSERS_CORE_KV_KEYS:
+            if _int(d.get(key)) and d[key] > heads:
+                d[key] = heads
+        for key in DIFFUSERS_FFN_KEYS:
+            if _int(d.get(key)) and d[key] > new:
+                d[key] = max(16, _round_to(d[key] * new / width, 16))
+        d[wkey] = new
+    for key, v in list(d.items()):
+        if isinstance(key, str) and _int(v) and v > MAX_LAYERS and _is_depth_key(key):
+            d[key] = MAX_LAYERS
+
+
+def _axes(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(_int(i) and i > 0 for i in v)
+
+
+def _is_depth_key(key: str) -> bool:
+    """Counts of stacked blocks: n_layers, num_visual_blocks, dit_depth, num_pre_blocks..."""
+    if key in ("depth",) or key.endswith("_depth"):
+        return True
+    return key.startswith(("n_", "num_")) and key.endswith(("layers", "blocks"))
+
+
+def _fit_diffusers_heads(d: dict[str, Any]) -> None:
+    """A width capped by the side-size rules must still split into the heads (PRX: hidden_size 256 over
+    28 heads); key/value heads never exceed the heads (OmniGen's 32 over the shrunk 2, Lumina's)."""
+    width = next((d[k] for k in DIFFUSERS_CORE_WIDTH_KEYS if _int(d.get(k))), None)
+    hkey = next((k for k in DIFFUSERS_CORE_HEAD_KEYS if _int(d.get(k)) and d[k] > 0), None)
+    if hkey and width and width % d[hkey]:
+        d[hkey] = next(h for h in range(min(d[hkey], HEADS), 0, -1) if width % h == 0)
+    heads = d.get(hkey) if hkey else None
+    for key in DIFFUSERS_CORE_KV_KEYS:
+        if _int(heads) and _int(d.get(key)) and d[key] > heads:
+            d[key] = heads
+
+
+def _fit_layer_lists(d: dict[str, Any]) -> None:
+    """Lists of layer indices (WAN VACE's vace_layers, Bria Fibo's injection_layer_ids) must name layers
+    the shrunk stack has: the ones still in range, else the first."""
+    n = next((d[k] for k in ("num_layers", "n_layers", "num_hidden_layers", "depth") if _int(d.get(k))), None)
+    if not n:
+        return
+    for key, v in list(d.items()):
+        if not (isinstance(key, str) and "layer" in key and isinstance(v, list) and v):
+            continue
+        if all(_int(i) for i in v) and any(i >= n for i in v) and key != "dual_attention_layers":
+            d[key] = [i for i in v if 0 <= i < n] or [0]
+
+
+def _fill_diffusers_nones(d: dict[str, Any]) -> None:
+    """Fields whose None default the constructor multiplies with (real checkpoints set them): PixArt-style
+    caption projections (Latte's caption_channels), the ControlNet-Union control-type embedding."""
+    if "caption_channels" in d and d["caption_channels"] is None:
+        d["caption_channels"] = 64
+    if "addition_time_embed_dim" in d and d["addition_time_embed_dim"] is None and "num_control_type" in d:
+        d["addition_time_embed_dim"] = 8
 
 
 def _shrink_diffusers_extras(d: dict[str, Any]) -> None:
@@ -859,5 +965,7 @@ def _shrink_diffusers_extras(d: dict[str, Any]) -> None:
             continue
         if key.endswith("block_out_channels") and max(v) > 64:
             d[key] = [min(i, 64) for i in v]
+        elif key.endswith("stage_channels") and max(v) > 64:  # Kandinsky 6's latent upscaler stages
+            d[key] = [max(16, _round_to(i * 64 / max(v), 16)) for i in v]
         elif key.endswith("layers_per_block") and max(v) > 1:
             d[key] = [min(i, 1) for i in v]
