@@ -279,6 +279,16 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
     return kwargs
 
 
+def _timestep_scale(model: Any) -> float:
+    """The factor a model multiplies its timesteps by itself: diffusers' `Timesteps(scale=1000)` in flow-
+    matching DiTs (QwenImage, AuraFlow, NucleusMoE), whose pipelines pass sigmas in [0, 1]. Given 500 they
+    take sin/cos of ~5e5 in float32, where a 1-ulp difference in `exp` moves the embedding by 1e-2."""
+    scales = [
+        m.scale for m in model.modules() if type(m).__name__ == "Timesteps" and getattr(m, "scale", 1) > 1
+    ]
+    return float(max(scales)) if scales else 1.0
+
+
 def _text_inputs(model, plan, cfg, params, gen, batch, seq) -> dict[str, Any]:
     tcfg = _text_config(cfg)
     vocab = _get(tcfg, "vocab_size") or _get(cfg, "vocab_size") or 1000  # byte/char models (CANINE) have none
@@ -643,7 +653,8 @@ def _diffusion_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) 
     if not packed:  # packed latents follow img_ids, whatever a docstring copied from Flux says (Bria)
         _fit_documented_rank(model, cfg, main, out, gen, batch, size, in_ch)
     if "timestep" in params:
-        out["timestep"] = torch.tensor([10.0, 500.0][:batch] + [250.0] * max(0, batch - 2))
+        steps = torch.tensor([10.0, 500.0][:batch] + [250.0] * max(0, batch - 2))
+        out["timestep"] = steps / _timestep_scale(model)
     if "pooled_projections" in params and cfg.get("pooled_projection_dim"):
         out["pooled_projections"] = torch.randn(batch, cfg["pooled_projection_dim"], generator=gen)
     if "img_ids" in params:

@@ -126,6 +126,16 @@ def test_size_conditioning_and_named_timesteps():
     assert kwargs["clip_text_pooled"].dim() == 3
 
 
+def test_models_that_scale_their_timesteps_get_sigmas():
+    # NucleusMoE, QwenImage, AuraFlow multiply the timestep by 1000 themselves (Timesteps(scale=1000)):
+    # their pipelines pass sigmas in [0, 1]; 500 made float32 sin/cos arguments of ~5e5 (ill-conditioned)
+    for arch in ("NucleusMoEImageTransformer2DModel", "AuraFlowTransformer2DModel"):
+        _, _, kwargs, _ = _run(arch)
+        assert ((kwargs["timestep"] > 0) & (kwargs["timestep"] <= 1)).all(), arch
+    _, _, kwargs, _ = _run("UNet2DConditionModel")  # DDPM-style: timesteps in [0, 1000)
+    assert kwargs["timestep"].max() > 1
+
+
 def test_text_width_from_other_config_names_and_the_text_mask():
     # Lumina 2 names its text width cap_feat_dim and needs encoder_attention_mask
     model, _, kwargs, _ = _run("Lumina2Transformer2DModel")
