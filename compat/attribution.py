@@ -291,7 +291,7 @@ def attribute(
         return None
     import torch
 
-    from compat.inputs import strip_private
+    from compat.input_basics import strip_private
 
     name = RERUN_NAMES[rerun]
     verdict: dict[str, Any] = {"verdict": "inconclusive", "rerun": name, "detail": "", "seconds": None}

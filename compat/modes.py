@@ -21,7 +21,8 @@ import psutil
 import torch
 
 from compat.accuracy import Comparison, compare, exactly_equal, to_cpu
-from compat.inputs import NoLoss, cast_floating, strip_private, to_device
+from compat.input_basics import strip_private
+from compat.inputs import NoLoss, cast_floating, to_device
 from compat.records import exception_chain_text, parse_missing_op
 
 STEADY_CALLS = 3

@@ -122,7 +122,8 @@ def _run_task(task: dict[str, Any], emit: Emit) -> None:
     from compat import fakes
     from compat.accuracy import exactly_equal, to_cpu
     from compat.attribution import ATTRIBUTION_TIMEOUT_S, attribute, attribution_mb, rerun_for
-    from compat.inputs import build_inputs, cast_floating, refit_image_tokens, strip_private
+    from compat.input_basics import strip_private
+    from compat.inputs import build_inputs, cast_floating, refit_image_tokens
     from compat.materialize import HarnessError, Plan, load_model, materialize
     from compat.modes import device_type as device_type_of
     from compat.modes import ensure_device, run_mode

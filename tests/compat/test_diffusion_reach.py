@@ -13,7 +13,9 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from compat.accuracy import exactly_equal, to_cpu  # noqa: E402
-from compat.inputs import build_inputs, documented_shape, strip_private  # noqa: E402
+from compat.diffusion_inputs import documented_shape  # noqa: E402
+from compat.input_basics import strip_private  # noqa: E402
+from compat.inputs import build_inputs  # noqa: E402
 from compat.materialize import (  # noqa: E402
     build_model,
     checkpoint_bytes,

@@ -10,6 +10,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from compat.input_basics import strip_private  # noqa: E402
 from compat.inputs import (  # noqa: E402
     InputError,
     build_inputs,
@@ -17,7 +18,6 @@ from compat.inputs import (  # noqa: E402
     image_token_id,
     refit_image_tokens,
     special_token_ids,
-    strip_private,
 )
 from compat.materialize import Plan, build_model, plan_entry  # noqa: E402
 

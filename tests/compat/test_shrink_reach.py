@@ -11,7 +11,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from compat.inputs import build_inputs, refit_image_tokens, strip_private  # noqa: E402
+from compat.input_basics import strip_private  # noqa: E402
+from compat.inputs import build_inputs, refit_image_tokens  # noqa: E402
 from compat.materialize import Plan, build_model, plan_entry  # noqa: E402
 from compat.shrink import shrink_config_dict, shrink_diffusers_config  # noqa: E402
 

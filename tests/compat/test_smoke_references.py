@@ -12,7 +12,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from compat.cli import MODEL_LISTS  # noqa: E402
-from compat.inputs import DEC_LEN, build_inputs, strip_private  # noqa: E402
+from compat.input_basics import strip_private  # noqa: E402
+from compat.inputs import DEC_LEN, build_inputs  # noqa: E402
 from compat.materialize import Plan, build_model, plan_entry  # noqa: E402
 from compat.sample import load_sample, sample_path  # noqa: E402
 from tests.compat.in_process import run_plan  # noqa: E402
