@@ -131,7 +131,10 @@ def _from_both_ends(start, end, steps: int, dtype):
     # Scalar.to<scalar_t>() first: integers truncate, floats round
     s = jnp.asarray(start).astype(dtype).astype(step_t)
     e = jnp.asarray(end).astype(dtype).astype(step_t)
-    step = (e - s) / _opaque(steps - 1, step_t)
+    if step_t == jnp.float16:
+        step = _half_ops(step_t).divide(_half_ops(step_t).subtract(e, s), _opaque(steps - 1, jnp.float32))
+    else:
+        step = (e - s) / _opaque(steps - 1, step_t)
     idx = jnp.arange(steps, dtype=jnp.int64)
     fma = _fma_for(step_t)
     head = fma(step, idx.astype(step_t), s)
@@ -146,7 +149,39 @@ def _fma_for(dtype):
         return lambda a, b, c: (a.astype(f64) * b.astype(f64) + c.astype(f64)).astype(dtype)
     if dtype == jnp.float64:
         return _fma64
+    if dtype == jnp.float16:
+        ops = _half_ops(dtype)
+        return lambda a, b, c: ops.add(c, ops.multiply(a, b))
     return lambda a, b, c: c + a * b
+
+
+class _half_ops:
+    """float16 arithmetic as CPU's `c10::Half` in linspace's scalar kernel: each operation in float32,
+    rounded to float16 (values stay float32; the caller casts at the end). Written in float16, XLA may keep
+    intermediate results wider, as it did on a host with native half arithmetic (AVX512-FP16): one ulp
+    off CPU PyTorch in most ranges. bfloat16 matches CPU's kernel (float32, rounded once) as written."""
+
+    def __init__(self, dtype) -> None:
+        self.dtype = dtype
+
+    def _op(self, fn, a, b):
+        """`fn` in float32, rounded to the dtype by `reduce_precision`: a round trip through the dtype
+        (astype) is dropped by XLA (`xla_allow_excess_precision`), an explicit rounding is kept."""
+        f32 = jnp.float32
+        result = fn(jnp.asarray(a).astype(f32), jnp.asarray(b).astype(f32))
+        return jax.lax.reduce_precision(result, exponent_bits=5, mantissa_bits=10)
+
+    def add(self, a, b):
+        return self._op(jnp.add, a, b)
+
+    def subtract(self, a, b):
+        return self._op(jnp.subtract, a, b)
+
+    def multiply(self, a, b):
+        return self._op(jnp.multiply, a, b)
+
+    def divide(self, a, b):
+        return self._op(jnp.divide, a, b)
 
 
 def _fma64(a, b, c):
