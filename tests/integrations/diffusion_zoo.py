@@ -573,6 +573,20 @@ def flux_transformer(in_channels: int = 4, out_channels: int | None = None):
     ).eval()
 
 
+def flux_transformer_inputs() -> dict:
+    """Inputs of `flux_transformer()`: 64 image and 8 text tokens (even splits over 2, 4 or 8 chips/ranks)."""
+    g = torch.Generator().manual_seed(0)
+    return dict(
+        hidden_states=torch.randn(1, 64, 4, generator=g),
+        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
+        pooled_projections=torch.randn(1, 32, generator=g),
+        timestep=torch.tensor([0.5]),
+        img_ids=torch.randn(64, 3, generator=g),
+        txt_ids=torch.zeros(8, 3),
+        return_dict=False,
+    )
+
+
 def _flux_components(transformer=None, latent: int = 1):
     from diffusers import FlowMatchEulerDiscreteScheduler
 

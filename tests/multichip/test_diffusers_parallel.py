@@ -194,19 +194,6 @@ def test_parallel_config_needs_a_mesh_axis_of_its_size_and_a_cp_plan(saved):
         context_parallel(zoo.sd_unet(), "model")
 
 
-def _flux_inputs() -> dict:
-    g = torch.Generator().manual_seed(0)
-    return dict(
-        hidden_states=torch.randn(1, 64, 4, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.randn(64, 3, generator=g),
-        txt_ids=torch.zeros(8, 3),
-        return_dict=False,
-    )
-
-
 def test_tensor_parallel_config_without_process_group_is_the_tp_placement(saved):
     from diffusers import FluxTransformer2DModel, TensorParallelConfig
 
@@ -219,7 +206,7 @@ def test_tensor_parallel_config_without_process_group_is_the_tp_placement(saved)
         assert model._parallel_config.tensor_parallel_config is not None
         assert hf_tpu.sharding(model.transformer_blocks[0].attn.add_k_proj.weight) == ("model", None)
         assert hf_tpu.sharding(model.transformer_blocks[0].attn.to_add_out.weight) == (None, "model")
-    inputs = _flux_inputs()
+    inputs = zoo.flux_transformer_inputs()
     with torch.no_grad():
         expected = cpu(**inputs)[0]
         for model in (loaded, moved):

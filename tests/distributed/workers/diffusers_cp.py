@@ -45,20 +45,6 @@ def parallel_config(name: str):
     raise ValueError(f"unknown config {name!r}")
 
 
-def flux_inputs() -> dict:
-    """Transformer inputs: 64 image tokens and 8 text tokens (both split evenly over 2 or 4 ranks)."""
-    g = torch.Generator().manual_seed(0)
-    return dict(
-        hidden_states=torch.randn(1, 64, 4, generator=g),
-        encoder_hidden_states=torch.randn(1, 8, 32, generator=g),
-        pooled_projections=torch.randn(1, 32, generator=g),
-        timestep=torch.tensor([0.5]),
-        img_ids=torch.randn(64, 3, generator=g),
-        txt_ids=torch.zeros(8, 3),
-        return_dict=False,
-    )
-
-
 def transformer_forward(name: str) -> None:
     """The tiny Flux transformer with `name`'s config: its forward on tpu equals the CPU forward."""
     torch.manual_seed(0)
@@ -76,7 +62,7 @@ def transformer_forward(name: str) -> None:
         handles.pop().remove()
         model.compile(backend="tpu")
     before = _compile_counts()
-    inputs = flux_inputs()
+    inputs = zoo.flux_transformer_inputs()
     with torch.no_grad():
         expected = cpu(**inputs)[0]
         on_tpu = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
