@@ -43,6 +43,45 @@ def test_many_scalar_values_switch_to_traced_scalars():
     assert len(kernel.cache) == n <= dispatch._MAX_STATIC_SCALAR_BUILDS + 2
 
 
+def test_one_value_at_many_shapes_stays_baked():
+    """Builds at new shapes with the same value are not new values: `add(x, 1)` over a growing length
+    keeps its baked-in 1 (counting builds switched it to traced scalars after 16 lengths)."""
+    kernel = _kernel(torch.ops.aten.add.Tensor)
+    for n in range(1, dispatch._MAX_STATIC_SCALAR_BUILDS + 10):
+        x = torch.arange(n, dtype=torch.float32)
+        torch.testing.assert_close(kernel(x.to("tpu"), 1).cpu(), x + 1)
+    assert not kernel.dynamic_scalars
+
+
+def test_a_repeated_growing_loop_reuses_every_defer_and_fuse_program():
+    """A decode-like loop (a sequence growing by one each step, `+ 1` on it, a sync per step) run twice
+    under DeferAndFuse: the second run records the same kernels, so every program is a cache hit
+    (before, the first run's 17th length switched `add` to traced scalars and the second run compiled
+    17 programs again)."""
+    from hf_tpu.runtime.launch import lazy
+
+    def loop():
+        seq = torch.zeros(1, 1, device="tpu")
+        for _ in range(dispatch._MAX_STATIC_SCALAR_BUILDS + 6):
+            nxt = seq[:, -1:] + 1
+            seq = torch.cat([seq, nxt], dim=1)
+            assert seq[0, -1].item() == seq.shape[1] - 1  # a sync point, as generate's stop check
+        return seq.cpu()
+
+    torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
+    try:
+        first = loop()
+        before = dict(lazy.stats)
+        again = loop()
+        misses = lazy.stats["cache_misses"] - before["cache_misses"]
+        hits = lazy.stats["cache_hits"] - before["cache_hits"]
+    finally:
+        torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_NEVER)
+    assert torch.equal(first, again)
+    assert torch.equal(first, torch.arange(first.shape[1], dtype=torch.float32)[None])
+    assert misses == 0 and hits >= dispatch._MAX_STATIC_SCALAR_BUILDS + 6
+
+
 def test_large_int_scalar_is_exact():
     """An int beyond int32 travels as a traced int64 (baking it into int32 math would overflow)."""
     x = torch.tensor([1, 2, 3], dtype=torch.int64)

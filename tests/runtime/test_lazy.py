@@ -490,7 +490,7 @@ def test_each_optimizer_step_is_one_cached_program(defer, monkeypatch):
     assert all(s["flushes"] == 1 for s in per_step), per_step  # the step's own, nothing else
     assert all(lazy.MAX_OPS // 2 < s["ops"] < lazy.MAX_OPS for s in per_step), per_step
     # AdamW's per-step scalars (step size, bias corrections) are baked into their kernels until a kernel
-    # has seen 16 values (dispatch._MAX_STATIC_SCALAR_BUILDS, 4 parameters a step): from then on, hits
+    # has seen 4 values (dispatch._MAX_STATIC_SCALAR_BUILDS_DEFERRED, one a step): from then on, hits
     assert sum(s["cache_misses"] for s in per_step[6:]) == 0, per_step
     for p, q in zip(ref.parameters(), model.parameters()):
         torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)

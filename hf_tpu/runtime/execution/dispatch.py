@@ -56,8 +56,10 @@ _payloads = REGISTRY._payloads
 
 _DTYPE = torch.dtype
 _PY_NUMBERS = (int, float, bool, complex)
-# executables built with baked-in scalar values before a kernel switches to traced scalars
+# distinct baked-in scalar values (per kernel) before it switches to traced scalars: in Strict a new
+# value costs one op's executable; under DeferAndFuse it costs a whole new program around it, so fewer
 _MAX_STATIC_SCALAR_BUILDS = 16
+_MAX_STATIC_SCALAR_BUILDS_DEFERRED = 4
 
 
 # distinct baked-in storage offsets of one argument layout before a kernel traces offsets (DeferAndFuse)
@@ -228,7 +230,8 @@ class OpKernel:
         self.cache: dict = {}
         self.lock = threading.Lock()
         self.dynamic_scalars = False
-        self.static_scalar_builds = 0
+        # the baked-in scalar values this kernel has been built with (`_count_scalar_values`)
+        self.baked_scalar_values: set = set()
         # under DeferAndFuse, views' storage offsets are baked into executables until one argument
         # layout has been seen at too many offsets (`_offsets_vary`); then they are traced
         self.dynamic_offsets = False
@@ -342,6 +345,21 @@ class OpKernel:
             return False
         n = self.baked_offset_layouts[layout] = self.baked_offset_layouts.get(layout, 0) + 1
         return n > _MAX_BAKED_OFFSETS
+
+    def _count_scalar_values(self, values: tuple) -> None:
+        """Switch to traced scalars once this kernel has been built for more than
+        _MAX_STATIC_SCALAR_BUILDS (DeferAndFuse: _MAX_STATIC_SCALAR_BUILDS_DEFERRED) distinct baked-in
+        values. Values, not builds: `add(x, 1)` over a growing decode length builds once per shape with
+        the one value 1, and counting those builds switched it to traced scalars mid-`generate`, so the
+        next identical call recorded other kernels and every DeferAndFuse program around its compiled
+        step compiled again."""
+        seen = self.baked_scalar_values
+        if values not in seen:
+            seen.add(values)
+            limit = _MAX_STATIC_SCALAR_BUILDS_DEFERRED if lazy._enabled else _MAX_STATIC_SCALAR_BUILDS
+            if len(seen) > limit:
+                self.dynamic_scalars = True  # many distinct values: stop compiling one executable per value
+                seen.clear()
 
     def run(self, fargs: list, full: list, donate_first: bool = False):
         """Execute the lowering on `fargs` (the functional op's arguments); returns (arrays, meta spec).
@@ -498,12 +516,13 @@ class OpKernel:
         kinds = self.fsig.kinds
         # how each argument reaches the lowering: a traced leaf, a list of leaves, or a baked-in value
         how = []
-        n_baked = 0
+        baked = []  # the baked-in numbers' cache keys
         for v, k in zip(fargs, kinds):
             number = type(v) in _PY_NUMBERS and k in (TENSOR, NUMBER)
             if number:
                 leaf = self._scalar_is_leaf(v, dynamic)
-                n_baked += not leaf
+                if not leaf:
+                    baked.append(_scalar_key(v))
                 how.append(_LEAF if leaf else _BAKED_ARRAY if k == TENSOR else _BAKED)
             elif k == TENSOR:
                 how.append(_BAKED if v is None else _LEAF)
@@ -511,10 +530,8 @@ class OpKernel:
                 how.append(_LEAVES)
             else:
                 how.append(_BAKED)
-        if n_baked and not self.lowering.static_scalars:
-            self.static_scalar_builds += 1
-            if self.static_scalar_builds > _MAX_STATIC_SCALAR_BUILDS:
-                self.dynamic_scalars = True  # many distinct values: stop compiling one executable per value
+        if baked and not self.lowering.static_scalars:
+            self._count_scalar_values(tuple(baked))
         # never capture the tensors themselves: the cache would keep their storages alive
         view_iter = iter(views)
         template = [_placeholder(v, k, view_iter) for v, k in zip(fargs, kinds)]
