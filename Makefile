@@ -33,8 +33,9 @@ PYTHON_PATH_TESTS := tests/runtime/test_native.py tests/runtime/test_pinned.py t
 	tests/integrations/test_generate_paths.py::test_synthid_watermark_processor_matches_cpu \
 	tests/integrations/test_diffusers_bad_input.py::test_a_generator_made_for_tpu_draws_cpus_numbers
 
+# --durations: the slowest tests in every CI log, to keep the run short
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=30 $(PYTEST_ARGS)
 	HF_TPU_NATIVE=0 $(PY) -m pytest -q -p no:cacheprovider $(PYTHON_PATH_TESTS) $(PYTEST_ARGS)
 	XLA_FLAGS=$(MULTICHIP_FLAGS) $(PY) -m pytest -q tests/multichip $(PYTEST_ARGS)
 
