@@ -68,6 +68,7 @@ from hf_tpu.runtime.execution.out_specs import cast_like
 from hf_tpu.runtime.execution.signature import Signature
 from hf_tpu.runtime.launch import rng
 from hf_tpu.runtime.lowerings.table import graph_lowering
+from hf_tpu.runtime.tensors.graph_inputs import arrays_of
 from hf_tpu.runtime.tensors.tensor import RefProbe, to_jax, write
 
 log = logging.getLogger("hf_tpu.compile")
@@ -313,12 +314,7 @@ class GraphProgram:
                 self._jitted = spmd.SpmdProgram(self.interpret, self._spmd, self._static, self.name)
             else:
                 self._jitted = jax.jit(self.interpret, static_argnums=self._static)
-        arrays = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                arrays.append(_host(a) if a.is_cpu else to_jax(a))
-            else:
-                arrays.append(a)
+        arrays = arrays_of(args)
         keys = rng.next_material(self.n_random) if self.n_random else None
         if self._example is None:
             self._example = _abstract(keys, arrays)

@@ -13,8 +13,10 @@
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/GeneratorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/python_variable.h>
 
 #include <atomic>
 #include <cstdint>
@@ -338,6 +340,43 @@ py::tuple new_device_tensor(uint64_t fake_ptr, int64_t nbytes, c10::IntArrayRef 
   return py::make_tuple(tensor, reinterpret_cast<uintptr_t>(weak));
 }
 
+// The arrays of a compiled graph's inputs, one C++ call for all of them: for each tpu tensor that reads
+// its storage's whole payload (contiguous, offset 0, the payload's dtype and shape, no neg/conj bit) the
+// payload's `array`, else None (the caller takes the general path: views, CPU tensors, Python numbers).
+// `payloads` is the storage registry (fake data pointer -> Payload with `array`, `shape`, `dtype`).
+py::list whole_payload_arrays(const py::sequence& args, const py::dict& payloads) {
+  py::list out(args.size());
+  py::str array_name("array"), shape_name("shape"), dtype_name("dtype");
+  for (size_t i = 0; i < args.size(); ++i) {
+    PyObject* obj = args[i].ptr();
+    out[i] = py::none();
+    if (!THPVariable_Check(obj)) continue;
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (t.device().type() != kTpu || t.storage_offset() != 0 || t.is_neg() || t.is_conj() ||
+        !t.is_contiguous() || !t.has_storage())
+      continue;
+    py::int_ key(reinterpret_cast<uintptr_t>(t.storage().data_ptr().get()));
+    PyObject* payload = PyDict_GetItem(payloads.ptr(), key.ptr());  // borrowed
+    if (payload == nullptr) continue;
+    py::handle p(payload);
+    py::object dtype = p.attr(dtype_name);
+    if (dtype.ptr() != reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()))) continue;
+    py::object shape = p.attr(shape_name);
+    if (!PyTuple_Check(shape.ptr())) continue;
+    auto sizes = t.sizes();
+    Py_ssize_t n = PyTuple_GET_SIZE(shape.ptr());
+    if (n != static_cast<Py_ssize_t>(sizes.size())) continue;
+    bool same = true;
+    for (Py_ssize_t d = 0; d < n && same; ++d) {
+      PyObject* size = PyTuple_GET_ITEM(shape.ptr(), d);
+      same = PyLong_CheckExact(size) && PyLong_AsLongLong(size) == sizes[d];
+    }
+    if (!same) continue;
+    out[i] = p.attr(array_name);
+  }
+  return out;
+}
+
 py::object default_generator_object() {
   return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator()));
 }
@@ -355,6 +394,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("draw_default", &draw_default, py::arg("count") = 1, "draw() from the default generator");
   m.def("new_device_tensor", &new_device_tensor, py::arg("fake_ptr"), py::arg("nbytes"), py::arg("shape"),
         py::arg("dtype"), "(tensor, weak storage reference) for a fresh contiguous tpu tensor");
+  m.def("whole_payload_arrays", &whole_payload_arrays, py::arg("args"), py::arg("payloads"),
+        "Per argument: its storage payload's array when a tpu tensor reads all of it, else None");
   m.def("pinned_bytes", []() { return PinnedHostAllocator::instance().bytes(); },
         "Bytes currently held by the pinned host allocator");
 }
