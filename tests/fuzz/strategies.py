@@ -463,19 +463,23 @@ def _repeats(t) -> bool:
     return t.numel() > 0 and torch._debug_has_internal_overlap(t) == 1
 
 
-# writes into a destination that repeats elements: CPU refuses them (an overlap error), or writes one value
-# (fill_, zero_); the others (setitem, masked_fill_, index_fill_, index_put_) run there with an undefined
-# result where aliased elements get different values
+# writes into a destination that repeats elements: CPU refuses most (an overlap error); fill_/zero_ write one
+# value; setitem, masked_fill_, index_fill_ and index_put_ write only the positions they select, the last
+# write to a shared element winning, which tpu follows (hf_tpu/runtime/tensors/repeating.py; issue 22)
 _REPEATING_KINDS = [
     "add_",
     "mul_",
     "copy_",
+    "setitem",
     "fill_",
     "unary_",
     "index_add_",
     "index_copy_",
+    "index_fill_",
+    "masked_fill_",
     "scatter_",
     "sub_",
+    "index_put_",
 ]
 
 

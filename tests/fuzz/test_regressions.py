@@ -346,3 +346,32 @@ def test_as_strided_of_empty_view_reads_the_storage(mode):
 
 def test_compiled_as_strided_of_empty_view_reads_the_storage():
     check(AS_STRIDED_OF_EMPTY_VIEW, "compiled")
+
+
+# -------------------------------------------- partial writes into an expanded view (issue 22)
+# masked_fill_/index_fill_/index_put_ into `x.unsqueeze(0).expand(...)` wrote the whole view back on tpu,
+# so an element shared by several positions took the last position's old value; CPU stores only the
+# positions the op writes (the last write winning). Fixed in hf_tpu/runtime/tensors/repeating.py; the
+# generator writes into expanded views with these ops again.
+
+PARTIAL_WRITES_INTO_EXPANDED_VIEW = """
+def make_inputs(device):
+    g = torch.Generator().manual_seed(3)
+    x0 = torch.randn((3, 4), generator=g)
+    x1 = torch.randint(-5, 5, (4,), generator=g)
+    return [t.to(device) for t in (x0, x1,)]
+
+
+def program(x0, x1):
+    dev = x0.device
+    x0.unsqueeze(0).expand(2, 3, 4).masked_fill_(torch.tensor([[[True], [False], [False]], [[False], [False], [True]]], device=dev), 0.5)
+    x0.unsqueeze(2).expand(3, 4, 3).index_fill_(2, torch.tensor([1], device=dev), -1.5)
+    x1.unsqueeze(0).expand(3, 4)[torch.tensor([2, 0], device=dev)] = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]], device=dev)
+    v0 = x0 * 2
+    return [v0]
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_partial_writes_into_expanded_view(mode):
+    check(PARTIAL_WRITES_INTO_EXPANDED_VIEW, mode)

@@ -39,7 +39,7 @@ from hf_tpu.runtime.execution.signature import GENERATOR, NUMBER, TENSOR, TENSOR
 from hf_tpu.runtime.launch import lazy, modes, rng
 from hf_tpu.runtime.launch.lazy import LazyValue
 from hf_tpu.runtime.lowerings.table import TABLE, Lowering, provide_kernel_factory
-from hf_tpu.runtime.tensors import overlap
+from hf_tpu.runtime.tensors import overlap, repeating
 from hf_tpu.runtime.tensors.tensor import (
     View,
     can_update_in_place,
@@ -284,7 +284,11 @@ class OpKernel:
         if value.dtype != jdt or tuple(value.shape) != tuple(shape):
             value = lazy.maybe_call(fit_fn(tuple(shape), jdt), (value,))
         try:
-            write(dest, value)
+            if not dest.is_contiguous() and 0 in dest.stride():
+                # a view repeating elements: the positions the op writes, as CPU does (repeating.py)
+                write(dest, value, repeating.write_plan(self.functional, dest, full, self.mode == "inplace"))
+            else:
+                write(dest, value)
         except Exception as exc:  # noqa: BLE001 - re-raised with context
             raise op_failure(self.op, full, self.sig.kinds, exc) from exc
 
@@ -296,8 +300,34 @@ class OpKernel:
             )
         shape = tuple(value.shape)
         if tuple(out.shape) != shape:
+            stride = self._resized_strides(out, full)
             out.resize_(shape)
+            if stride is not None and tuple(out.stride()) != stride and tuple(out.shape) == shape:
+                out.as_strided_(shape, stride)
         self._store(out, value, shape, out.dtype, full)
+
+    def _resized_strides(self, out, full) -> tuple | None:
+        """The strides PyTorch gives `out` when this out= op resizes it: its meta kernel's, which follow
+        the result's layout (`torch.mul(x.t(), 2, out=empty)` is transposed, a channels-last input
+        gives a channels-last out), not row-major. None where the meta kernel cannot say. Only runs when
+        an out= tensor is resized."""
+        outs = [full[i] for i in self.sig.mutable]
+        k = next((n for n, o in enumerate(outs) if o is out), None)
+        try:
+            if torch.Tag.pointwise in self.op.tags or torch.Tag.pointwise in self.functional.tags:
+                # TensorIterator restrides a resized out= like its functional result; the meta kernels
+                # of pointwise out= overloads (Python references) resize row-major instead
+                fargs = [v for i, v in enumerate(full) if i not in self.sig.mutable]
+                meta = meta_call(self.functional, self.fsig, fargs)
+            else:
+                meta = meta_call(self.op, self.sig, full)
+        except Exception:  # noqa: BLE001 - the op itself reports bad arguments; keep row-major then
+            return None
+        if meta is UNKNOWN or k is None:
+            return None
+        if isinstance(meta, list | tuple):
+            meta = meta[k] if k < len(meta) else None
+        return tuple(meta.stride()) if isinstance(meta, torch.Tensor) else None
 
     def _wrap(self, results, spec):
         if spec is not None and type(spec[1]) is _DTYPE:

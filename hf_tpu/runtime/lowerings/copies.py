@@ -199,14 +199,19 @@ def efficientzerotensor(size, *, dtype=None, layout=None, device=None, pin_memor
 
 @lowers("aten::resize_", kind="host")
 def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
-    """Grow into a new storage when needed, keeping the old values (PyTorch semantics)."""
+    """Grow into a new storage when needed, keeping the old values (PyTorch semantics). The same size
+    without a memory format changes nothing, as on CPU: `torch.zeros(shape, out=x[:, :2])` and
+    `out=b.expand(...)` keep their strides and storage (restrided, they were written elsewhere)."""
     import math
 
     size = tuple(size)
+    if size == tuple(self.shape) and memory_format is None:
+        return self
+    strides = _contig(size) if memory_format is None else _strides_in(size, memory_format)
     needed = (self.storage_offset() + math.prod(size)) * self.dtype.itemsize
     storage = self.untyped_storage()
     if needed <= storage.nbytes():
-        self.as_strided_(size, _contig(size))
+        self.as_strided_(size, strides)
         return self
     old = to_jax(self) if self.numel() else None
     fresh = new_tensor(size, self.dtype)
@@ -217,7 +222,14 @@ def resize_(self: torch.Tensor, size, *, memory_format=None) -> torch.Tensor:
         )
         write(fresh, flat.reshape(size))
     self.set_(fresh.untyped_storage(), 0, size, _contig(size))
+    if strides != _contig(size):
+        self.as_strided_(size, strides)
     return self
+
+
+def _strides_in(size: tuple, memory_format: torch.memory_format) -> tuple:
+    """The strides of a dense tensor of `size` in `memory_format` (channels-last and the like)."""
+    return torch.empty(size, device="meta", memory_format=memory_format).stride()
 
 
 def _contig(size):

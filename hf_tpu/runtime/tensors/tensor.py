@@ -29,7 +29,7 @@ from hf_tpu.runtime.buffers.threads import (
 )
 from hf_tpu.runtime.launch import lazy
 from hf_tpu.runtime.launch.lazy import LazyValue
-from hf_tpu.runtime.tensors import nd_views
+from hf_tpu.runtime.tensors import nd_views, repeating
 from hf_tpu.runtime.tensors.strided import box_plan, grid_shape, grid_starts, read_box, write_box, write_grid
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -347,8 +347,10 @@ def _spread_last(fn, n: int):
     return jax.jit(lambda *args: fn(*args[:-n], tuple(args[-n:])))
 
 
-def write(t: torch.Tensor, value) -> None:
-    """Store `value` (an array with t's shape and dtype) into tpu tensor `t`, through views."""
+def write(t: torch.Tensor, value, plan: tuple | None = None) -> None:
+    """Store `value` (an array with t's shape and dtype) into tpu tensor `t`, through views. A view that
+    repeats elements (a stride 0) is written as CPU would (`repeating.py`), following `plan` (how, order)
+    when the op writes only part of it."""
     if _get_ident() != _device_thread[0]:
         note_device_thread()
     if t.is_neg() or t.is_conj():  # a bit view stores the inverse of what it reads (_resolve_lazy_bits)
@@ -362,7 +364,7 @@ def write(t: torch.Tensor, value) -> None:
         raise RuntimeError(f"hf_tpu: cannot write into a tensor on {t.device} without a tpu payload")
     shape = tuple(t.shape)
     offset = t.storage_offset()
-    nd = None
+    extra = ()  # inputs of `put` between the value and the offset
     if t.dtype == p.dtype:
         if offset == 0 and t.is_contiguous() and math.prod(shape) == math.prod(p.shape):
             value = value if shape == p.shape else _reshaped(value, p.shape)
@@ -370,25 +372,31 @@ def write(t: torch.Tensor, value) -> None:
                 value = keep_placement(p.array, value)
             REGISTRY.set_array(ptr, value)
             return
-        if MULTI_CHIP[0]:  # N-D, so a sharded buffer stays sharded (nd_views.py)
-            nd = _nd_write(p.shape, shape, t.stride(), offset)
-        if nd is not None:
-            put, offset = nd
-            if type(value) is not LazyValue and not lazy._enabled and _split(p.array):
-                put, offset = fixed_offset(put, offset), _FIXED
-        elif t.is_contiguous():
-            put = _write_contiguous(p.shape, shape)
+        if not t.is_contiguous() and 0 in (stride := t.stride()) and repeating.repeats(shape, stride):
+            how, order = plan or (repeating.ALL, None)
+            put = repeating.write_kernel(p.shape, shape, stride, how)
+            if order is not None:
+                extra = (lazy.concrete(order) if type(order) is LazyValue and not lazy._enabled else order,)
         else:
-            stride = t.stride()
-            plan = _write_plan(shape, stride)
-            starts = None if plan is None else grid_starts(_numel(p.shape), shape, stride, offset, plan)
-            if starts is None:
-                put = _write_strided(p.shape, shape, stride)
-            else:  # a rectangle of the buffer's grid: written in place at `starts` (strided.py)
-                put, offset = _write_grid(p.shape, shape, stride), starts
+            # N-D, so a sharded buffer stays sharded (nd_views.py)
+            nd = _nd_write(p.shape, shape, t.stride(), offset) if MULTI_CHIP[0] else None
+            if nd is not None:
+                put, offset = nd
+                if type(value) is not LazyValue and not lazy._enabled and _split(p.array):
+                    put, offset = fixed_offset(put, offset), _FIXED
+            elif t.is_contiguous():
+                put = _write_contiguous(p.shape, shape)
+            else:
+                stride = t.stride()
+                box = _write_plan(shape, stride)
+                starts = None if box is None else grid_starts(_numel(p.shape), shape, stride, offset, box)
+                if starts is None:
+                    put = _write_strided(p.shape, shape, stride)
+                else:  # a rectangle of the buffer's grid: written in place at `starts` (strided.py)
+                    put, offset = _write_grid(p.shape, shape, stride), starts
     else:
         put = _write_reinterpret(p.shape, p.dtype, shape, t.stride(), t.dtype)
-    tail = (value,) if offset is _FIXED else (value, offset)
+    tail = (value,) if offset is _FIXED else (value, *extra, offset)
     if type(value) is not LazyValue and can_update_in_place(p):
         with DONATION_LOCK:
             if can_update_in_place(p):  # still (another thread may have appeared)
