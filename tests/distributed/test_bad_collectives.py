@@ -24,7 +24,17 @@ def _lines(results, prefix: str) -> dict[int, dict[str, str]]:
 
 
 def test_mismatched_collectives_fail_on_every_rank_naming_ranks_shapes_dtypes():
-    cases = ("shape", "dtype", "gather_size", "splits", "different_collectives", "p2p", "healthy")
+    cases = (
+        "shape",
+        "dtype",
+        "gather_size",
+        "splits",
+        "different_collectives",
+        "p2p",
+        "p2p_any",
+        "any_nobody",
+        "healthy",
+    )
     results = run_job("bad_collectives", 2, args=cases, extra_env={"HF_TPU_DIST_TIMEOUT": "60"}, timeout=150)
     assert all(r.returncode == 0 for r in results), report(results)
     assert not _lines(results, "NO ERROR"), report(results)
@@ -53,6 +63,15 @@ def test_mismatched_collectives_fail_on_every_rank_naming_ranks_shapes_dtypes():
         assert "from rank 0 to rank 1 does not fit" in e["p2p"], e["p2p"]
         assert "rank 0 sends shape (4,), dtype float32" in e["p2p"], e["p2p"]
         assert "rank 1 receives into shape (5,), dtype float32" in e["p2p"], e["p2p"]
+        # the same through a recv from any source: the receiver found rank 0 as the sender
+        assert e["p2p_any"].startswith("CollectiveMismatchError"), e["p2p_any"]
+        assert "from rank 0 to rank 1 does not fit" in e["p2p_any"], e["p2p_any"]
+        assert "rank 1 receives into shape (5,), dtype float32" in e["p2p_any"], e["p2p_any"]
+    # a recv from any source that nobody sends to ends with PeerGoneError once its timeout (3 s) has passed
+    nobody = errors[1]["any_nobody"]
+    assert nobody.startswith("PeerGoneError") and "recv from any source" in nobody, nobody
+    assert "no rank sent to rank 1 within" in nobody and "(now 3 s)" in nobody, nobody
+    assert 3 <= float(re.search(r"after ([\d.]+)s", nobody).group(1)) < 30, nobody
     assert errors[1]["gather_size"].startswith("ValueError"), errors[1]
     assert errors[0]["gather_size"].startswith("CollectiveMismatchError"), errors[0]
     assert "rank 1 passed bad arguments" in errors[0]["gather_size"], errors[0]

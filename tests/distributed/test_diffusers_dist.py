@@ -29,7 +29,12 @@ def _passed(results) -> list[int]:
     return [int(m.group(1)) for m in counts]
 
 
-@pytest.mark.parametrize("config", ["ring", "ulysses", "tp"])
+# ring in the default run (it exercises hf_tpu's logsumexp answer and the ring's all_gather); Ulysses and tp
+# run with -m slow (make test-all), and their loaded forms in the default run below
+@pytest.mark.parametrize(
+    "config",
+    ["ring", pytest.param("ulysses", marks=pytest.mark.slow), pytest.param("tp", marks=pytest.mark.slow)],
+)
 def test_enable_parallelism_under_torchrun_matches_one_cpu_process(config):
     """The transformer forward, eager and after `model.compile(backend="tpu")` (one graph, no break, its
     collectives inside one SPMD program over the ranks, compiled once for two calls), and a whole 2-step

@@ -89,6 +89,9 @@ class Agreement:
     def active(self) -> bool:
         return self._store is not None and len(self._ranks) > 1 and enabled()
 
+    def timeout(self) -> float:
+        return timeout_s(self._pg_timeout)
+
     def _key(self, seq: int, group_rank: int) -> str:
         return f"tpu_dist/{seq}/{group_rank}"
 
@@ -125,6 +128,20 @@ class Agreement:
             raise self._store_gone(collective, exc) from exc
         return [json.loads(v) for v in values]
 
+    def _thread_store(self):
+        store = getattr(self._local, "store", None)
+        if store is None:
+            store = self._local.store = self._store.clone()
+        return store
+
+    def posted(self, sender: int, receiver: int, seq: int) -> bool:
+        """Whether `sender` has posted its half of message #`seq` to `receiver` (a receive from any source
+        looks for the first sender that has; the sender's key stays until the receive's `pair` reads it)."""
+        try:
+            return bool(self._thread_store().check([f"tpu_dist/p2p/{sender}-{receiver}/{seq}/send"]))
+        except Exception as exc:  # noqa: BLE001
+            raise self._store_gone("recv", exc) from exc
+
     def pair(self, sender: int, receiver: int, seq: int, role: str, sig: dict) -> None:
         """A send and its recv agree on shape and dtype (`role` "send" on the sender, "recv" on the
         receiver; `seq` numbers the messages of that direction): a clear error on both sides if not."""
@@ -133,9 +150,7 @@ class Agreement:
         base = f"tpu_dist/p2p/{sender}-{receiver}/{seq}/"
         timeout = timeout_s(self._pg_timeout)
         try:
-            store = getattr(self._local, "store", None)
-            if store is None:
-                store = self._local.store = self._store.clone()
+            store = self._thread_store()
             store.set(base + role, json.dumps(sig))
         except Exception as exc:  # noqa: BLE001
             raise self._store_gone(role, exc) from exc

@@ -3,7 +3,8 @@
 Each case prints `ERROR <case> <exception type> after <s>s: <message>` (or `NO ERROR <case>`) on every rank;
 the test reads those lines. Mismatch cases run one after another in one job: nothing is sent when the ranks
 disagree, so the job stays usable, which the `healthy` case checks with a real all_reduce against CPU.
-`p2p`: a send and a recv of different shapes. `die1` / `die0`: that rank exits (os._exit) after one good collective; the others call all_reduce.
+`p2p`: a send and a recv of different shapes (`p2p_any`: the recv from any source). `any_nobody`: rank 1
+receives from any source while nobody sends (its timeout cut to 3 s for this case). `die1` / `die0`: that rank exits (os._exit) after one good collective; the others call all_reduce.
 """
 
 from __future__ import annotations
@@ -44,6 +45,22 @@ def attempt(case: str) -> None:
             dist.recv(torch.empty(5, device="tpu"), 0)
         else:
             raise RuntimeError("not a party to the send")
+    elif case == "p2p_any":  # the same, the recv from any source (src=None)
+        if rank == 0:
+            dist.send(torch.ones(4, device="tpu"), 1)
+        elif rank == 1:
+            dist.recv(torch.empty(5, device="tpu"))
+        else:
+            raise RuntimeError("not a party to the send")
+    elif case == "any_nobody":  # rank 1 waits for a message nobody sends; the others go on
+        if rank == 1:
+            os.environ["HF_TPU_DIST_TIMEOUT"], before = "3", os.environ.get("HF_TPU_DIST_TIMEOUT", "")
+            try:
+                dist.recv(torch.empty(4, device="tpu"))
+            finally:
+                os.environ["HF_TPU_DIST_TIMEOUT"] = before
+        else:
+            raise RuntimeError("not the receiver")
     elif case == "healthy":  # after the failed cases, the job still works
         t = torch.full((3,), float(rank + 1), device="tpu")
         dist.all_reduce(t)

@@ -237,6 +237,85 @@ def objects():
 check.run("object collectives", objects)
 
 
+def any_source():
+    """recv / irecv without src (torch's "from any source"): every other rank sends rank 0, in an order set
+    by staggered sleeps (the last rank first); rank 0 gets each sender's tensor and rank back."""
+    import time
+    from datetime import timedelta
+
+    xs, ys, zs = (inputs((3,), dt) for dt in (torch.float32, torch.int64, torch.float32))
+    dist.barrier()
+    # blocking recv(src=None): returns the sender's (global) rank; tags are accepted (matched by order)
+    if rank == 0:
+        order = []
+        for _ in range(world - 1):
+            t = torch.empty(3, device="tpu")
+            src = dist.recv(t, tag=7)
+            order.append(src)
+            check.close(f"recv from any source: rank {src}'s tensor", t, xs[src])
+        assert sorted(order) == list(range(1, world)), order
+        print(f"any-source arrival order {order}", flush=True)
+    else:
+        time.sleep(0.3 * (world - 1 - rank))
+        dist.send(tpu(xs[rank]), 0, tag=7)
+    # irecv without src mixed with named irecvs: rank 1 sends twice, the others once. Rank 0 posts a named
+    # irecv from rank 1 (it takes rank 1's first message), an any-source one, a second named one from rank 1
+    # (posted while the any-source one is pending: it takes rank 1's next message after whatever that one
+    # takes), then the other any-source ones. A wait with a timeout before anything is sent raises and
+    # keeps the receive posted.
+    if rank == 0:
+        named = [torch.empty(3, dtype=torch.int64, device="tpu") for _ in range(2)]
+        bufs = [torch.empty(3, dtype=torch.int64, device="tpu") for _ in range(world - 1)]
+        first = dist.irecv(named[0], src=1)
+        works = [dist.irecv(bufs[0])]
+        second = dist.irecv(named[1], src=1)
+        works += [dist.irecv(b) for b in bufs[1:]]
+        try:
+            works[0].wait(timeout=timedelta(seconds=0.5))
+        except RuntimeError as exc:
+            assert "not finished within" in str(exc), exc
+        else:
+            raise AssertionError("an any-source irecv finished before anything was sent")
+        dist.barrier()
+        first.wait()
+        check.close("named irecv before any-source ones", named[0], ys[1])
+        # what each sender's messages became, in the order the receives were posted
+        got: dict[int, list] = {}
+        works[0].wait()
+        got.setdefault(works[0]._source_rank(), []).append(bufs[0])
+        second.wait()
+        got.setdefault(1, []).append(named[1])
+        for w, b in zip(works[1:], bufs[1:]):
+            w.wait()
+            got.setdefault(w._source_rank(), []).append(b)
+        assert sorted(got) == list(range(1, world)), sorted(got)
+        for src, bs in got.items():
+            want = [ys[1] * 10, ys[1] * 100] if src == 1 else [ys[src]]
+            check.close(f"irecv from any source: rank {src}", torch.stack(bs), torch.stack(want))
+    else:
+        dist.barrier()
+        if rank == 1:
+            dist.send(tpu(ys[1]), 0)
+            dist.send(tpu(ys[1] * 10), 0)
+        time.sleep(0.2 * (world - 1 - rank))
+        dist.send(tpu(ys[rank] * 100 if rank == 1 else ys[rank]), 0)
+    # in a subgroup: the group's first member receives; the returned rank is global
+    members = list(range(1, world)) if world > 2 else [0, 1]
+    group = dist.new_group(members)
+    if rank == members[0]:
+        for _ in members[1:]:
+            t = torch.empty(3, device="tpu")
+            src = dist.recv(t, group=group)
+            assert src in members[1:], src
+            check.close(f"subgroup recv from any source: rank {src}", t, zs[src])
+    elif rank in members:
+        dist.send(tpu(zs[rank]), members[0], group=group)
+    dist.barrier()
+
+
+check.run("recv from any source", any_source)
+
+
 def devices():
     assert torch.tpu.device_count() == 1, torch.tpu.device_count()
     t = torch.ones(2, device=f"tpu:{local_rank}")

@@ -1,7 +1,10 @@
 """transformers' own tensor parallelism on tpu_dist against one CPU process (argv: rank world_size ckpt_dir
-families load steps [trainer]; families: a comma list of llama, qwen2, mixtral; load: auto (`tp_plan="auto"`), config
+families load steps [trainer]; families: a comma list of llama, qwen2, mixtral, each optionally
+`family:load` to load that one its own way; load: auto (`tp_plan="auto"`), config
 (`DistributedConfig(tp_size=N)`), mesh (`tp_plan="auto", device_mesh=init_device_mesh("tpu", ...)`) or, with
-"trainer" only, ddp (no tp: the whole model on each rank, each rank trains on its half of the batch)).
+"trainer" only, ddp (no tp: the whole model on each rank, each rank trains on its half of the batch) or fsdp2
+(`TrainingArguments(fsdp=True, fsdp_config={"version": 2, ...})`: accelerate's `fully_shard` of a CPU-loaded
+model, each rank trains on its half of the batch, then `save_model` gathers the full checkpoint)).
 
 The script is what a CUDA user would run under torchrun with "cuda" -> "tpu" and "nccl" -> "tpu_dist":
 `torch.tpu.set_device(local_rank)`, `init_process_group("tpu_dist")`, then `from_pretrained(path, ...)`.
@@ -30,7 +33,8 @@ from checks import Checker  # noqa: E402
 rank, world = int(sys.argv[1]), int(sys.argv[2])
 ckpt_root = sys.argv[3]
 families = (sys.argv[4] if len(sys.argv) > 4 else "llama").split(",")
-load = sys.argv[5] if len(sys.argv) > 5 else "auto"
+default_load = sys.argv[5] if len(sys.argv) > 5 else "auto"
+load = default_load  # the family's own (see the loop at the end)
 steps = int(sys.argv[6]) if len(sys.argv) > 6 else 1
 trainer = len(sys.argv) > 7 and sys.argv[7] == "trainer"
 local_rank = int(os.environ["LOCAL_RANK"])
@@ -109,6 +113,8 @@ def load_tp(path: str):
         )
     if load == "ddp":  # no tp: every rank holds the whole model (Trainer wraps it in DDP)
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to("tpu")
+    if load == "fsdp2":  # loaded on CPU, as a CUDA user would: accelerate's fully_shard moves it to tpu
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     raise ValueError(load)
 
 
@@ -201,11 +207,23 @@ def trainer_matches_cpu(family: str) -> None:
     ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ref_losses, _ = train(ref, ids, mask)
     model = load_tp(path)
+    data_parallel = load in ("ddp", "fsdp2")  # each rank trains on its share of the batch
+    fsdp = {}
+    if load == "fsdp2":  # FSDP2 through accelerate: each decoder layer, then the root, fully_shard-ed
+        layer = type(model.model.layers[0]).__name__
+        fsdp = dict(
+            fsdp=True,
+            fsdp_config={
+                "version": 2,
+                "transformer_layer_cls_to_wrap": [layer],
+                "reshard_after_forward": True,
+            },
+        )
     rows = [{"input_ids": i, "attention_mask": m, "labels": i} for i, m in zip(ids, mask)]
     args = TrainingArguments(
         output_dir=os.path.join(ckpt_root, f"trainer-{family}"),
         ddp_find_unused_parameters=False,
-        per_device_train_batch_size=len(rows) // world if load == "ddp" else len(rows),
+        per_device_train_batch_size=len(rows) // world if data_parallel else len(rows),
         max_steps=steps,
         learning_rate=LR,
         weight_decay=0.01,
@@ -216,6 +234,7 @@ def trainer_matches_cpu(family: str) -> None:
         save_strategy="no",
         report_to=[],
         disable_tqdm=True,
+        **fsdp,
     )
     t = Trainer(model=model, args=args, train_dataset=rows)
     acc = t.accelerator
@@ -226,6 +245,15 @@ def trainer_matches_cpu(family: str) -> None:
     if load == "ddp":
         wrapped = type(t.model_wrapped).__name__
         assert wrapped == "DistributedDataParallel", f"Trainer did not wrap the model in DDP: {wrapped}"
+    if load == "fsdp2":
+        from torch.distributed.fsdp import FSDPModule
+
+        assert isinstance(t.model_wrapped, FSDPModule), (
+            f"not fully_shard-ed: {type(t.model_wrapped).__name__}"
+        )
+        assert acc.distributed_type.value == "FSDP", acc.distributed_type
+        w = t.model.model.layers[0].self_attn.q_proj.weight
+        assert w.to_local().shape[0] * world == w.shape[0], f"q_proj not sharded: {w.placements}"
     logged = [h["loss"] for h in t.state.log_history if "loss" in h]
     assert len(logged) == steps, t.state.log_history
     for step, (got, want) in enumerate(zip(logged, ref_losses)):
@@ -233,9 +261,25 @@ def trainer_matches_cpu(family: str) -> None:
     ref_params = dict(ref.named_parameters())
     for name, p in t.model.named_parameters():
         close(f"{family} trainer trained {name}", full(p.detach()), ref_params[name].detach())
+    if (
+        load == "fsdp2"
+    ):  # Trainer.save_model gathers the full state dict: the saved checkpoint is the CPU result
+        saved = os.path.join(ckpt_root, f"trainer-{family}", "final")
+        t.save_model(saved)
+        dist.barrier()
+
+        def saved_matches() -> None:
+            back = dict(AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).named_parameters())
+            assert back.keys() == ref_params.keys(), sorted(back.keys() ^ ref_params.keys())
+            for name, p in back.items():
+                torch.testing.assert_close(p.detach(), ref_params[name].detach(), **TOL)
+
+        check.run(f"{family} fsdp2 save_model", saved_matches)
 
 
-for family in families:
+for spec in families:
+    family, _, own = spec.partition(":")
+    load = own or default_load
     fn = trainer_matches_cpu if trainer else tp_matches_cpu
     check.run(f"transformers tp {family} ({load}, {fn.__name__})", functools.partial(fn, family))
 dist.barrier()
