@@ -3,20 +3,13 @@
 Each call reads the caller's tpu tensors as JAX arrays, runs one cached program (`programs.py`) whose
 collective spans the group's processes, and writes the result back into the caller's tensors in place
 (through views, as torch expects). Dispatch is asynchronous, as every tpu op is: `Work.wait()` blocks on
-the results. Point-to-point ops run on a helper thread per (sender, receiver) direction, so a rank may
-post a send and a receive (a ring, `batch_isend_irecv`) without either blocking the other; each
-direction keeps program order, which is how sends match receives. A receive from any source (`src=None`)
-waits on a thread of its own for the first rank whose next message to it has been posted (every send posts
-its half of the send/recv agreement in the store first), then takes that message as a named receive would.
+the results. Point-to-point ops are in `p2p.py`.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 import torch.distributed as dist
@@ -24,63 +17,17 @@ import torch.distributed as dist
 from hf_tpu.runtime.buffers import platform
 from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
 from hf_tpu.runtime.distributed import programs, reduce_ops
-from hf_tpu.runtime.distributed.agreement import TIMEOUT_ENV, Agreement, PeerGoneError, peer_failure
+from hf_tpu.runtime.distributed.agreement import Agreement, peer_failure
+from hf_tpu.runtime.distributed.arguments import (
+    check_tensors,
+    dtype_name,
+    same_shapes,
+    signature,
+)
 from hf_tpu.runtime.distributed.launch_env import BACKEND_NAME
-from hf_tpu.runtime.distributed.work import TpuWork, block_on, join_future
+from hf_tpu.runtime.distributed.p2p import PointToPoint
+from hf_tpu.runtime.distributed.work import TpuWork, block_on
 from hf_tpu.runtime.tensors.tensor import to_jax, write
-
-
-class NotATpuTensorError(TypeError):
-    """A tpu_dist collective was given a tensor that is not on the tpu device."""
-
-
-def _check(tensors, collective: str) -> None:
-    for i, t in enumerate(tensors):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"tpu_dist {collective}: argument {i} is a {type(t).__name__}, not a tensor")
-        if t.device.type != "tpu":
-            raise NotATpuTensorError(
-                f"tpu_dist {collective}: tensor {i} (shape {tuple(t.shape)}, {t.dtype}) is on {t.device}; "
-                "tpu_dist collectives take tpu tensors: move it with .to('tpu'), or run cpu tensors through "
-                "a gloo group (dist.new_group(backend='gloo'))"
-            )
-
-
-def _sig(tensors, **extra) -> dict:
-    """A collective's signature for the agreement: the shape and dtype of its tensor(s), and `extra`."""
-    if len(tensors) == 1:
-        base = {"shape": list(tensors[0].shape), "dtype": _dtype_name(tensors[0].dtype)}
-    else:
-        base = {"shapes": [list(t.shape) for t in tensors], "dtypes": [_dtype_name(t.dtype) for t in tensors]}
-    return {**base, **extra}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _same_shapes(tensors, shape: tuple, collective: str, what: str) -> None:
-    for i, t in enumerate(tensors):
-        if tuple(t.shape) != shape:
-            raise ValueError(
-                f"tpu_dist {collective}: {what} {i} has shape {tuple(t.shape)}, expected {shape} (tensors of "
-                "one collective must have equal shapes)"
-            )
-
-
-_executors: dict[tuple[int, int], ThreadPoolExecutor] = {}
-_executors_lock = threading.Lock()
-
-
-def _direction(sender: int, receiver: int) -> ThreadPoolExecutor:
-    """One thread per (sender, receiver): messages of a direction keep their order."""
-    with _executors_lock:
-        ex = _executors.get((sender, receiver))
-        if ex is None:
-            ex = _executors[(sender, receiver)] = ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix=f"tpu_dist_p2p_{sender}_{receiver}"
-            )
-        return ex
 
 
 class _BackendInfo:
@@ -101,7 +48,7 @@ class _BackendInfo:
 _BACKEND_INFO = _BackendInfo()
 
 
-class ProcessGroupTPU(dist.ProcessGroup):
+class ProcessGroupTPU(PointToPoint, dist.ProcessGroup):
     """The tpu_dist process group of `ranks` (global ranks, in group-rank order)."""
 
     def __init__(self, group_rank: int, ranks: tuple[int, ...], store=None, timeout=None) -> None:
@@ -204,9 +151,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         )
 
     def _reduce_sig(self, tensors, op, collective: str, **extra) -> dict:
-        _check(tensors, collective)
+        check_tensors(tensors, collective)
         names = {reduce_ops.resolve(op, t.dtype, collective)[0] for t in tensors}
-        return _sig(tensors, op=",".join(sorted(names)).upper(), **extra)
+        return signature(tensors, op=",".join(sorted(names)).upper(), **extra)
 
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
@@ -248,9 +195,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
 
         def validate():
             for out, inputs in zip(outputs, input_lists):
-                _check([out, *inputs], "reduce_scatter")
+                check_tensors([out, *inputs], "reduce_scatter")
                 self._check_count(inputs, "reduce_scatter", "input_list")
-                _same_shapes(inputs, tuple(out.shape), "reduce_scatter", "input")
+                same_shapes(inputs, tuple(out.shape), "reduce_scatter", "input")
                 _same_dtypes([out, *inputs], "reduce_scatter")
             return self._reduce_sig(list(outputs), opts.reduceOp, "reduce_scatter")
 
@@ -270,7 +217,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         g = len(self._ranks)
 
         def validate():
-            _check([output, input], "reduce_scatter_tensor")
+            check_tensors([output, input], "reduce_scatter_tensor")
             _same_dtypes([output, input], "reduce_scatter_tensor")
             if input.numel() != output.numel() * g:
                 raise ValueError(
@@ -305,11 +252,11 @@ class ProcessGroupTPU(dist.ProcessGroup):
     def allgather(self, output_lists, inputs, opts=None):
         def validate():
             for outs, t in zip(output_lists, inputs):
-                _check([t, *outs], "all_gather")
+                check_tensors([t, *outs], "all_gather")
                 self._check_count(outs, "all_gather", "tensor_list")
-                _same_shapes(outs, tuple(t.shape), "all_gather", "output")
+                same_shapes(outs, tuple(t.shape), "all_gather", "output")
                 _same_dtypes([t, *outs], "all_gather")
-            return _sig(list(inputs))
+            return signature(list(inputs))
 
         self._agree("all_gather", validate)
         results = []
@@ -327,7 +274,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         g = len(self._ranks)
 
         def validate():
-            _check([output, input], "all_gather_into_tensor")
+            check_tensors([output, input], "all_gather_into_tensor")
             _same_dtypes([output, input], "all_gather_into_tensor")
             if output.numel() != input.numel() * g:
                 raise ValueError(
@@ -335,7 +282,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                     f"{tuple(output.shape)}), input {input.numel()} (shape {tuple(input.shape)}): the output "
                     f"must hold world_size ({g}) times the input"
                 )
-            return _sig([input])
+            return signature([input])
 
         self._agree("all_gather_into_tensor", validate)
         y = self._gathered(input).reshape(tuple(output.shape))
@@ -353,14 +300,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
         def validate():
             self._check_root(opts.rootRank, "gather")
             (t,) = inputs
-            _check([t], "gather")
+            check_tensors([t], "gather")
             if is_root:
                 (outs,) = output_lists
-                _check(outs, "gather")
+                check_tensors(outs, "gather")
                 self._check_count(outs, "gather", "gather_list")
-                _same_shapes(outs, tuple(t.shape), "gather", "gather_list entry")
+                same_shapes(outs, tuple(t.shape), "gather", "gather_list entry")
                 _same_dtypes([t, *outs], "gather")
-            return _sig([t], root=opts.rootRank)
+            return signature([t], root=opts.rootRank)
 
         self._agree("gather", validate)
         (t,) = inputs
@@ -375,9 +322,9 @@ class ProcessGroupTPU(dist.ProcessGroup):
         opts = opts or dist.BroadcastOptions()
 
         def validate():
-            _check(tensors, "broadcast")
+            check_tensors(tensors, "broadcast")
             self._check_root(opts.rootRank, "broadcast")
-            return _sig(tensors, root=opts.rootRank)
+            return signature(tensors, root=opts.rootRank)
 
         self._agree("broadcast", validate)
         results = []
@@ -395,14 +342,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
         def validate():
             self._check_root(opts.rootRank, "scatter")
             (out,) = outputs
-            _check([out], "scatter")
+            check_tensors([out], "scatter")
             if is_root:
                 (inputs,) = input_lists
-                _check(inputs, "scatter")
+                check_tensors(inputs, "scatter")
                 self._check_count(inputs, "scatter", "scatter_list")
-                _same_shapes(inputs, tuple(out.shape), "scatter", "scatter_list entry")
+                same_shapes(inputs, tuple(out.shape), "scatter", "scatter_list entry")
                 _same_dtypes([out, *inputs], "scatter")
-            return _sig([out], root=opts.rootRank)
+            return signature([out], root=opts.rootRank)
 
         self._agree("scatter", validate)
         (out,) = outputs
@@ -420,14 +367,14 @@ class ProcessGroupTPU(dist.ProcessGroup):
     # -- all-to-all ------------------------------------------------------------------------------------
     def alltoall(self, outputs, inputs, opts=None):
         def validate():
-            _check([*outputs, *inputs], "all_to_all")
+            check_tensors([*outputs, *inputs], "all_to_all")
             self._check_count(outputs, "all_to_all", "output_tensor_list")
             self._check_count(inputs, "all_to_all", "input_tensor_list")
             _same_dtypes([*outputs, *inputs], "all_to_all")
             return {
                 "input_shapes": [list(t.shape) for t in inputs],
                 "output_shapes": [list(t.shape) for t in outputs],
-                "dtype": _dtype_name(inputs[0].dtype),
+                "dtype": dtype_name(inputs[0].dtype),
             }
 
         sigs = self._agree("all_to_all", validate, self._exchange_fits("input_shapes", "output_shapes"))
@@ -480,7 +427,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
         g = len(self._ranks)
 
         def validate():
-            _check([output, input], "all_to_all_single")
+            check_tensors([output, input], "all_to_all_single")
             if output.dtype != input.dtype:
                 raise ValueError(
                     f"tpu_dist all_to_all_single: output is {output.dtype} but input is {input.dtype}"
@@ -507,7 +454,7 @@ class ProcessGroupTPU(dist.ProcessGroup):
                 "input_split_sizes": in_splits,
                 "output_split_sizes": out_splits,
                 "row_shape": list(input.shape[1:]),
-                "dtype": _dtype_name(input.dtype),
+                "dtype": dtype_name(input.dtype),
             }
 
         sigs = self._agree(
@@ -562,171 +509,6 @@ class ProcessGroupTPU(dist.ProcessGroup):
         y.block_until_ready()
         return self._work([y], [], "barrier")
 
-    def _peer(self, peer: int, collective: str) -> int:
-        if not 0 <= peer < len(self._ranks) or peer == self._group_rank:
-            raise ValueError(
-                f"tpu_dist {collective}: peer {peer} must be another rank of this group of {len(self._ranks)}"
-            )
-        return self._ranks[peer]
-
-    def send(self, tensors, dst: int, tag: int = 0):
-        (t,) = tensors
-        _check([t], "send")
-        me, peer = self._ranks[self._group_rank], self._peer(dst, "send")
-        x = to_jax(t)
-        with _p2p_lock:  # numbered and queued in one step: a direction's thread runs them in number order
-            pair = self._pair_check(me, peer, "send", t)
-            future = _direction(me, peer).submit(_exchange, pair, (me, peer), x)
-        return TpuWork(join_future(future), [t], "send")
-
-    def recv(self, tensors, src: int, tag: int = 0):
-        (t,) = tensors
-        _check([t], "recv")
-        me, peer = self._ranks[self._group_rank], self._peer(src, "recv")
-        jnp = platform.jax().numpy
-        x = jnp.zeros(tuple(t.shape), to_jax_dtype(t.dtype))
-        with _p2p_lock:
-            if _deferred[0] == 0:
-                future = self._post_recv(peer, me, t, x)
-                return TpuWork(join_future(future, lambda y: write(t, y)), [t], "recv")
-            # a receive from any source posted before this one is not matched yet: this receive takes the
-            # next message from `src` after it, so it is numbered once that one is (in posting order)
-            _deferred[0] += 1
-            claim = _any_source_thread().submit(self._post_deferred, peer, me, t, x)
-        return TpuWork(_join_claim(claim, lambda y: write(t, y)), [t], "recv")
-
-    def _post_recv(self, sender: int, me: int, t: torch.Tensor, x):
-        """Number the next message from `sender` for this receive and queue its exchange (under _p2p_lock)."""
-        pair = self._pair_check(sender, me, "recv", t)
-        return _direction(sender, me).submit(_exchange, pair, (sender, me), x)
-
-    def _post_deferred(self, sender: int, me: int, t: torch.Tensor, x):
-        with _p2p_lock:
-            try:
-                return self._ranks.index(sender), self._post_recv(sender, me, t, x)
-            finally:
-                _deferred[0] -= 1
-
-    def _pair_check(self, sender: int, receiver: int, role: str, t: torch.Tensor):
-        """The send/recv agreement of this message (numbered in its direction's order now, run on the
-        direction's thread before the exchange), or None when the exchange is off."""
-        with _executors_lock:
-            seq = _p2p_seq[(sender, receiver)] = _p2p_seq.get((sender, receiver), -1) + 1
-        if not self._agreement.active:
-            return None
-        return functools.partial(self._agreement.pair, sender, receiver, seq, role, _sig([t]))
-
-    def recv_anysource(self, tensors, tag: int = 0):
-        """A receive from whichever rank of the group sends first (`dist.recv(t)` / `dist.irecv(t)` without
-        `src`). Every send posts its half of the send/recv agreement in the store before it moves data;
-        this receive (on a thread of its own, so `irecv` returns at once) watches for the first rank whose
-        next message to this rank is posted, takes that message as a receive from it would, and answers
-        the sender's group rank from `_source_rank()`. Receives named after it wait for it to be matched
-        (a receive takes the next message of its sender in posting order, as every receive does here);
-        tags are not matched, as for every tpu_dist send and receive (messages match in order)."""
-        (t,) = tensors
-        _check([t], "recv")
-        me = self._ranks[self._group_rank]
-        senders = [r for r in self._ranks if r != me]
-        if not senders:
-            raise ValueError("tpu_dist recv from any source: this group has no other rank to receive from")
-        if not self._agreement.active:
-            raise RuntimeError(
-                "tpu_dist recv from any source (src=None) finds the sender through the send/recv agreement "
-                "in the c10d store, which HF_TPU_DIST_CHECK=0 turns off: name the sender rank (src=...), or "
-                "leave HF_TPU_DIST_CHECK on"
-            )
-        jnp = platform.jax().numpy
-        x = jnp.zeros(tuple(t.shape), to_jax_dtype(t.dtype))
-        with _p2p_lock:
-            _deferred[0] += 1
-            claim = _any_source_thread().submit(self._claim_any, senders, me, t, x)
-        return AnySourceWork(claim, t)
-
-    def _claim_any(self, senders: list[int], me: int, t: torch.Tensor, x):
-        """The any-source thread: wait until some sender has posted its next message to this rank, then
-        queue the receive of that message on its direction (returns the sender's group rank, the future)."""
-        try:
-            timeout = self._agreement.timeout()
-            start = time.monotonic()
-            delay = 0.0005
-            while True:
-                for sender in senders:
-                    with _executors_lock:
-                        seq = _p2p_seq.get((sender, me), -1) + 1
-                    if self._agreement.posted(sender, me, seq):
-                        with _p2p_lock:
-                            return self._ranks.index(sender), self._post_recv(sender, me, t, x)
-                waited = time.monotonic() - start
-                if waited > timeout:
-                    raise PeerGoneError(
-                        f"tpu_dist recv from any source (rank {me}, group ranks {list(self._ranks)}): no rank sent "
-                        f"to rank {me} within {waited:.0f} s: the senders exited or are stuck elsewhere. "
-                        f"{TIMEOUT_ENV} sets this timeout (now {timeout:g} s)."
-                    )
-                time.sleep(delay)
-                delay = min(delay * 2, 0.02)
-        finally:
-            with _p2p_lock:
-                _deferred[0] -= 1
-
-
-class AnySourceWork(TpuWork):
-    """The Work of a receive from any source: `wait()` fills the tensor, `_source_rank()` answers the
-    sender's group rank (torch's `recv` returns it, as a global rank)."""
-
-    def __init__(self, claim: Future, t: torch.Tensor) -> None:
-        found: list[int] = []
-        super().__init__(
-            _join_claim(claim, lambda y: write(t, y), found.append), [t], "recv (from any source)"
-        )
-        self._found = found
-
-    def _source_rank(self) -> int:
-        self.wait()
-        return self._found[0]
-
-    def source_rank(self) -> int:
-        return self._source_rank()
-
-
-def _join_claim(claim: Future, write_back, found=None):
-    """A finisher for a receive queued through the any-source thread: wait for its message to be chosen
-    (`claim` gives the sender's group rank and the exchange's future), then for the exchange."""
-
-    def finish(timeout: float | None) -> None:
-        sender, future = claim.result(timeout)
-        if found is not None:
-            found(sender)
-        write_back(future.result(timeout))
-
-    return finish
-
-
-_p2p_seq: dict[tuple[int, int], int] = {}  # messages numbered per (sender, receiver)
-_p2p_lock = threading.RLock()  # numbering a message and queueing its exchange are one step
-_deferred = [0]  # receives queued on the any-source thread and not numbered yet
-_any_source: list[ThreadPoolExecutor] = []
-
-
-def _any_source_thread() -> ThreadPoolExecutor:
-    """One thread numbers the receives from any source (and the receives posted while one is pending),
-    in posting order."""
-    with _executors_lock:
-        if not _any_source:
-            _any_source.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="tpu_dist_p2p_any"))
-        return _any_source[0]
-
-
-def _exchange(pair, ranks: tuple, x):
-    """A direction's thread: agree with the peer on the message (`pair`), then move it."""
-    if pair is not None:
-        pair()
-    try:
-        return programs.run(ranks, programs.send_body(), x)
-    except Exception as exc:  # noqa: BLE001
-        raise peer_failure("send/recv", ranks, exc) from exc
-
 
 def _all_equal(sigs: list[dict]) -> str | None:
     return _equal_except()(sigs)
@@ -747,7 +529,7 @@ def _same_dtypes(tensors, collective: str) -> None:
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) > 1:
         raise ValueError(
-            f"tpu_dist {collective}: tensors of several dtypes ({', '.join(sorted(map(_dtype_name, dtypes)))}); "
+            f"tpu_dist {collective}: tensors of several dtypes ({', '.join(sorted(map(dtype_name, dtypes)))}); "
             "the tensors of one collective must share one dtype"
         )
 

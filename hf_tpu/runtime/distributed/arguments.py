@@ -1,0 +1,44 @@
+"""What every tpu_dist collective checks of its own arguments before the ranks compare them: tpu
+tensors only, equal shapes where one collective needs them, and the signature the ranks agree on."""
+
+from __future__ import annotations
+
+import torch
+
+
+class NotATpuTensorError(TypeError):
+    """A tpu_dist collective was given a tensor that is not on the tpu device."""
+
+
+def check_tensors(tensors, collective: str) -> None:
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tpu_dist {collective}: argument {i} is a {type(t).__name__}, not a tensor")
+        if t.device.type != "tpu":
+            raise NotATpuTensorError(
+                f"tpu_dist {collective}: tensor {i} (shape {tuple(t.shape)}, {t.dtype}) is on {t.device}; "
+                "tpu_dist collectives take tpu tensors: move it with .to('tpu'), or run cpu tensors through "
+                "a gloo group (dist.new_group(backend='gloo'))"
+            )
+
+
+def signature(tensors, **extra) -> dict:
+    """A collective's signature for the agreement: the shape and dtype of its tensor(s), and `extra`."""
+    if len(tensors) == 1:
+        base = {"shape": list(tensors[0].shape), "dtype": dtype_name(tensors[0].dtype)}
+    else:
+        base = {"shapes": [list(t.shape) for t in tensors], "dtypes": [dtype_name(t.dtype) for t in tensors]}
+    return {**base, **extra}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def same_shapes(tensors, shape: tuple, collective: str, what: str) -> None:
+    for i, t in enumerate(tensors):
+        if tuple(t.shape) != shape:
+            raise ValueError(
+                f"tpu_dist {collective}: {what} {i} has shape {tuple(t.shape)}, expected {shape} (tensors of "
+                "one collective must have equal shapes)"
+            )
