@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from compat.diffusion_family_inputs import FAMILY_BUILDERS
 from compat.input_basics import (
     TEXT_COND_LEN,
     forward_params,
@@ -34,6 +35,8 @@ def build_diffusion_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: 
     cfg = dict(model.config)
     params = forward_params(model)
     name = plan.model_class
+    if name in FAMILY_BUILDERS:  # what the model's own pipeline passes, where no generic rule can infer it
+        return FAMILY_BUILDERS[name](model, cfg, gen, batch)
     out: dict[str, Any] = {}
     in_ch = cfg.get("in_channels") or (3 if name.startswith("Autoencoder") else 4)
     p = cfg.get("patch_size")

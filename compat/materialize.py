@@ -24,7 +24,8 @@ from typing import Any
 
 from compat import overrides as _ov
 from compat.errors import HarnessError
-from compat.shrink import ShrinkError, shrink_config_dict, shrink_diffusers_config
+from compat.shrink import ShrinkError, shrink_config_dict
+from compat.shrink_diffusers import fit_rope_factors, shrink_diffusers_config
 
 SEED = 0
 DEFAULT_HUB_MAX_PARAMS = 500_000_000
@@ -475,6 +476,8 @@ def _plan_diffusers(entry: dict[str, Any], tier: str) -> Plan:
         full = diffusers_default_config(cls)
     effective = full if tier == "hub" else shrink_diffusers_config(full, model=mid)
     _ov.apply_config_patch(effective, _ov.override_for(cls.__name__).config)
+    if tier != "hub":
+        fit_rope_factors(effective)  # a patch's per-frequency factors follow the shrunk heads
     plan = Plan(mid, "diffusers", cls.__name__, cls.__name__, effective, tier, architecture=str(arch))
     plan.model_type = cls.__name__
     plan.config_source = source
@@ -647,7 +650,7 @@ def fit_checkpoint_cap(plan: Plan, cap_bytes: int | None = None) -> None:
     with shrink.harder():
         try:
             if plan.library == "diffusers":
-                config = shrink.shrink_diffusers_config(plan.config, model=plan.model_id)
+                config = shrink_diffusers_config(plan.config, model=plan.model_id)
             else:
                 config = shrink.shrink_config_dict(plan.config, model=plan.model_id)
         except shrink.ShrinkError as exc:

@@ -77,8 +77,8 @@ OVERRIDES: dict[str, Override] = {
         for mt in ("detr", "conditional_detr", "table-transformer", "deformable_detr", "dab-detr")
     },
     # OmniGen (diffusers) builds Phi-3's "su" scaled rotary embedding from rope_scaling, which its class
-    # default leaves None (the checkpoint sets per-frequency factors): factors of 1.0, one per frequency
-    # of the 128-wide heads the shrinker keeps (hidden 256 over 2 heads).
+    # default leaves None (the checkpoint sets per-frequency factors): factors of 1.0, which the shrinker
+    # then cuts to one per frequency of the shrunk heads (shrink_diffusers.fit_rope_factors).
     "OmniGenTransformer2DModel": Override(
         config={"rope_scaling": {"short_factor": [1.0] * 64, "long_factor": [1.0] * 64}}
     ),

@@ -70,7 +70,7 @@ def test_shrink_diffusers_unet_blocks_stay_paired():
     import diffusers
 
     from compat.materialize import diffusers_default_config
-    from compat.shrink import shrink_diffusers_config
+    from compat.shrink_diffusers import shrink_diffusers_config
 
     small = shrink_diffusers_config(diffusers_default_config(diffusers.UNet2DConditionModel))
     n = len(small["block_out_channels"])

@@ -14,7 +14,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from compat.input_basics import strip_private  # noqa: E402
 from compat.inputs import build_inputs, refit_image_tokens  # noqa: E402
 from compat.materialize import Plan, build_model, plan_entry  # noqa: E402
-from compat.shrink import shrink_config_dict, shrink_diffusers_config  # noqa: E402
+from compat.shrink import shrink_config_dict  # noqa: E402
+from compat.shrink_diffusers import shrink_diffusers_config  # noqa: E402
 
 
 def _cfg(model_type: str) -> dict:
