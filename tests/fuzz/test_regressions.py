@@ -375,3 +375,30 @@ def program(x0, x1):
 @pytest.mark.parametrize("mode", ["strict", "defer"])
 def test_partial_writes_into_expanded_view(mode):
     check(PARTIAL_WRITES_INTO_EXPANDED_VIEW, mode)
+
+
+# -------------------------------------------- advanced indexing of a permuted tensor with a size-1 dim
+# `v[:, idx]` of a permuted (1, 3, 2) tensor: CPU gives the result strides (4, 2, 1), PyTorch's meta kernel
+# (1, 1, 2), tpu (2, 1, 2) (it follows the meta kernel's layout, as for every op). The values agree; only the
+# strides differ. CPU's TensorIterator breaks the tie between size-1 dims another way than the meta kernel.
+# The generator leaves `a[:, idx]` of a non-contiguous tensor with a size-1 dim out.
+
+INDEX_LAYOUT_AT_SIZE_ONE_DIMS = """
+def make_inputs(device):
+    g = torch.Generator().manual_seed(0)
+    x0 = torch.randn((2, 1, 3), generator=g)
+    return [t.to(device) for t in (x0,)]
+
+
+def program(x0):
+    dev = x0.device
+    v0 = x0.permute(1, 2, 0)
+    v1 = v0[:, torch.tensor([0, 0], device=dev, dtype=torch.int64)]
+    return [v1]
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="index output strides at size-1 dims follow the meta kernel, not CPU")
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_index_layout_at_size_one_dims(mode):
+    check(INDEX_LAYOUT_AT_SIZE_ONE_DIMS, mode)
