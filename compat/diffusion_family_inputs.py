@@ -437,6 +437,31 @@ def cogvideox(model: Any, cfg: dict[str, Any], gen: torch.Generator, batch: int)
     return out
 
 
+@family("HunyuanVideo15Transformer3DModel")
+def hunyuan_video15(model: Any, cfg: dict[str, Any], gen: torch.Generator, batch: int) -> dict[str, Any]:
+    """Three conditioning streams the forward always reads, with masks: the MLLM text, the ByT5 glyph text
+    (`encoder_hidden_states_2`) and image embeddings, all zeros for text-to-video as the pipeline passes
+    them (the model then masks the image stream out); each mask has padding so the forward's valid/padding
+    reordering is exercised."""
+    pt, p = cfg.get("patch_size_t") or 1, cfg.get("patch_size") or 1
+    text, glyph, image_tokens = TEXT_COND_LEN, 6, 4
+
+    def mask(n: int) -> torch.Tensor:
+        m = torch.ones(batch, n, dtype=torch.long)
+        m[:, n - 2 :] = 0
+        return m
+
+    return {
+        "hidden_states": _randn(gen, batch, cfg["in_channels"], 2 * pt, 4 * p, 4 * p),
+        "timestep": _steps(batch),
+        "encoder_hidden_states": _randn(gen, batch, text, cfg["text_embed_dim"]),
+        "encoder_attention_mask": mask(text),
+        "encoder_hidden_states_2": _randn(gen, batch, glyph, cfg["text_embed_2_dim"]),
+        "encoder_attention_mask_2": mask(glyph),
+        "image_embeds": torch.zeros(batch, image_tokens, cfg["image_embed_dim"]),
+    }
+
+
 @family("SanaWMTransformer3DModel")
 def sana_wm(model: Any, cfg: dict[str, Any], gen: torch.Generator, batch: int) -> dict[str, Any]:
     """SANA-WM's camera conditioning from the pipeline's own prepare_camera (a raymap per latent frame and

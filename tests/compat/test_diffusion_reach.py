@@ -316,6 +316,18 @@ def test_framepack_history_latents_and_1d_indices():
     assert out.shape == kwargs["hidden_states"].shape
 
 
+def test_hunyuan_video15_reads_three_masked_condition_streams():
+    """The forward reads the ByT5 stream and image embeddings whatever the task (the generic builder left
+    them None: `layer_norm` given None); text-to-video passes zero image embeddings, as the pipeline."""
+    model, plan, kwargs, out = _run("HunyuanVideo15Transformer3DModel")
+    assert kwargs["encoder_hidden_states_2"].shape[-1] == plan.config["text_embed_2_dim"]
+    assert kwargs["image_embeds"].shape[-1] == plan.config["image_embed_dim"]
+    assert not kwargs["image_embeds"].any()
+    for k in ("encoder_attention_mask", "encoder_attention_mask_2"):
+        assert kwargs[k].any() and not kwargs[k].all(), k  # valid tokens and padding
+    assert out.shape[2:] == kwargs["hidden_states"].shape[2:]
+
+
 def test_i2vgen_xl_image_latents_and_embedding():
     _, _, kwargs, _ = _run("I2VGenXLUNet")
     img = kwargs["image_latents"]
