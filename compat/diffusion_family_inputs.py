@@ -369,10 +369,11 @@ def _per_frame(values: torch.Tensor, frames: int) -> torch.Tensor:
 
 
 @family("AnyFlowTransformer3DModel")
-def anyflow(model: Any, cfg: dict[str, Any], gen: torch.Generator, batch: int) -> dict[str, Any]:
+def anyflow(
+    model: Any, cfg: dict[str, Any], gen: torch.Generator, batch: int, frames: int = 2
+) -> dict[str, Any]:
     """Frames-first latents (B, F, C, H, W) with per-frame flow-map times t and the target time r <= t,
     both (B, F) (the pipeline repeats them over the frames): the forward unpacks (batch, frames) from them."""
-    frames = 2
     t = _steps(batch)
     return {
         "hidden_states": _randn(gen, batch, frames, cfg["in_channels"], 16, 16),
@@ -388,15 +389,7 @@ def anyflow_far(model: Any, cfg: dict[str, Any], gen: torch.Generator, batch: in
     latent frames; without a KV cache the forward runs its whole-clip causal path (the pipeline's cache
     is built by this same path chunk by chunk)."""
     partition = [1, 2]
-    frames = sum(partition)
-    t = _steps(batch)
-    return {
-        "hidden_states": _randn(gen, batch, frames, cfg["in_channels"], 16, 16),
-        "timestep": _per_frame(t, frames),
-        "r_timestep": _per_frame(t * 0.5, frames),
-        "encoder_hidden_states": _randn(gen, batch, TEXT_COND_LEN, cfg["text_dim"]),
-        "chunk_partition": partition,
-    }
+    return {**anyflow(model, cfg, gen, batch, frames=sum(partition)), "chunk_partition": partition}
 
 
 @family("AceStepTransformer1DModel")
