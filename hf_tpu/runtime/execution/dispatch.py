@@ -24,6 +24,7 @@ from hf_tpu.runtime.buffers import executables, memory, placement, platform
 from hf_tpu.runtime.buffers.dtypes import to_jax_dtype, to_torch_dtype
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import DONATION_LOCK, update_lock
+from hf_tpu.runtime.execution import write_plans
 from hf_tpu.runtime.execution.out_specs import (
     UNKNOWN,
     LaidOut,
@@ -39,7 +40,7 @@ from hf_tpu.runtime.execution.signature import GENERATOR, NUMBER, TENSOR, TENSOR
 from hf_tpu.runtime.launch import lazy, modes, rng
 from hf_tpu.runtime.launch.lazy import LazyValue
 from hf_tpu.runtime.lowerings.table import TABLE, Lowering, provide_kernel_factory
-from hf_tpu.runtime.tensors import overlap, repeating
+from hf_tpu.runtime.tensors import overlap
 from hf_tpu.runtime.tensors.tensor import (
     View,
     can_update_in_place,
@@ -285,8 +286,10 @@ class OpKernel:
             value = lazy.maybe_call(fit_fn(tuple(shape), jdt), (value,))
         try:
             if not dest.is_contiguous() and 0 in dest.stride():
-                # a view repeating elements: the positions the op writes, as CPU does (repeating.py)
-                write(dest, value, repeating.write_plan(self.functional, dest, full, self.mode == "inplace"))
+                # a view repeating elements: the positions the op writes, as CPU does (write_plans.py)
+                write(
+                    dest, value, write_plans.write_plan(self.functional, dest, full, self.mode == "inplace")
+                )
             else:
                 write(dest, value)
         except Exception as exc:  # noqa: BLE001 - re-raised with context
