@@ -141,3 +141,15 @@ def test_allowed_writes_run_as_on_cpu(name, mode):
         with _mode(mode):
             fn(a)
             assert a.cpu().tolist() == expected.tolist()
+
+
+def test_an_output_the_op_did_not_compute_keeps_none_under_a_permuted_layout():
+    """A backward's masked-out gradient is None while its meta kernel still gives it a permuted layout
+    (CLAP's batch-norm backward on a (2, 64, 1024, 1) input with no input gradient failed in transpose)."""
+    import jax.numpy as jnp
+
+    from hf_tpu.runtime.execution.out_specs import lay_out
+
+    arr = jnp.arange(6.0).reshape(2, 3)
+    out = lay_out(jnp, (None, arr), ((1, 0), (1, 0)))
+    assert out[0] is None and out[1].shape == (3, 2)

@@ -87,10 +87,11 @@ class LaidOut(tuple):
 
 
 def lay_out(jnp, result, layout):
-    """The executable's results with each laid-out output transposed into its memory order."""
+    """The executable's results with each laid-out output transposed into its memory order (an output the
+    op did not compute, a backward's masked-out gradient, stays None whatever its meta layout)."""
     if type(layout[0]) is int:  # one output
         return jnp.transpose(result, layout)
-    return type(result)(r if o is None else jnp.transpose(r, o) for r, o in zip(result, layout))
+    return type(result)(r if o is None or r is None else jnp.transpose(r, o) for r, o in zip(result, layout))
 
 
 def cast_like(jnp, result, spec):
