@@ -13,7 +13,6 @@ from functools import cache
 import torch
 
 from hf_tpu.runtime.buffers import platform
-from hf_tpu.runtime.lowerings import indexing
 from hf_tpu.runtime.tensors.repeating import ADD, ALL, MAX, MIN, ORDER, PROD, SUM
 
 _REDUCTIONS = {
@@ -74,6 +73,8 @@ def _triangle_order(shape: tuple, diagonal: int, upper: bool):
 
 
 def _index_put_plan_fn(shape: tuple, jdt, accumulate: bool):
+    from hf_tpu.runtime.lowerings import indexing  # imports jax: only when a plan is built
+
     jax = platform.jax()
     jnp = jax.numpy
 
