@@ -68,7 +68,7 @@ from hf_tpu.runtime.execution.out_specs import cast_like
 from hf_tpu.runtime.execution.signature import Signature
 from hf_tpu.runtime.launch import rng
 from hf_tpu.runtime.lowerings.table import graph_lowering
-from hf_tpu.runtime.tensors.graph_inputs import arrays_of
+from hf_tpu.runtime.tensors.graph_inputs import array_of, arrays_of
 from hf_tpu.runtime.tensors.tensor import RefProbe, to_jax, write
 
 log = logging.getLogger("hf_tpu.compile")
@@ -281,7 +281,7 @@ class GraphProgram:
             elif node.op == "get_attr":  # a constant: a tpu tensor, or a CPU one (`torch.tensor([...])`)
                 value = getattr(gm, node.target)
                 if isinstance(value, torch.Tensor):
-                    value = _host(value) if value.device.type == "cpu" else to_jax(value)
+                    value = array_of(value)
                 env[node] = value  # a subgraph of control flow stays a GraphModule
         raise RuntimeError("graph without output")
 
@@ -609,12 +609,6 @@ def _devicefree(v):
     if isinstance(v, torch.device):
         return None
     return v
-
-
-def _host(t: torch.Tensor):
-    from hf_tpu.runtime.buffers.placement import host_to_jax
-
-    return host_to_jax(t)
 
 
 _counter = [0]

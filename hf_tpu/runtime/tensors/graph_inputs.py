@@ -27,15 +27,16 @@ def arrays_of(args: tuple) -> list:
     fast = _whole_payload_arrays
     # one device thread: another thread's pending writes are read through `to_jax` (threads.py)
     if fast is None or _get_ident() != _device_thread[0] or len(_device_threads) > 1:
-        return [_array(a) for a in args]
+        return [array_of(a) for a in args]
     arrays = fast(args, _payloads)
     for i, v in enumerate(arrays):
         if v is None or type(v) is LazyValue:
-            arrays[i] = _array(args[i])
+            arrays[i] = array_of(args[i])
     return arrays
 
 
-def _array(a):
+def array_of(a):
+    """One argument's array: a tpu tensor's value, a CPU tensor copied to the device, else `a` itself."""
     if isinstance(a, torch.Tensor):
         if a.is_cpu:
             from hf_tpu.runtime.buffers.placement import host_to_jax
