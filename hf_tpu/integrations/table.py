@@ -189,6 +189,13 @@ PATCHES: tuple[Patch, ...] = (
         ("model", "expanded_device_map", "hf_quantizer"),
     ),
     Patch(
+        "transformers.distributed.mixin:DistributedMixin.gather_sharded_state_dict_for_save",
+        "transformers_global:patch_distributed_mixin",
+        "HF_TPU_MESH=global: every process reads the split weights (a collective) before one writes them",
+        "transformers",
+        ("self", "model_to_save", "state_dict", "distributed_config"),
+    ),
+    Patch(
         "transformers.training_args:TrainingArguments.__post_init__",
         "transformers:patch_training_args",
         "no pinned memory on tpu; torch_compile uses the tpu backend; fused AdamW only where lowered",

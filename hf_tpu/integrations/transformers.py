@@ -160,21 +160,31 @@ def _wrap_from_pretrained(original):
 
 
 def _several_chips() -> bool:
-    from hf_tpu.runtime.buffers import platform
+    """Whether the mesh has several chips (this process's, or the job's under HF_TPU_MESH=global)."""
+    from hf_tpu.runtime.buffers import placement
 
-    return len(platform.devices()) > 1
+    return len(placement.chips()) > 1
+
+
+def _global_mesh() -> bool:
+    """HF_TPU_MESH=global: one program over every process's chips, so a tp plan is a placement on that mesh
+    (not transformers' DTensor tensor parallelism over the process group)."""
+    from hf_tpu.runtime.buffers import global_mesh
+
+    return global_mesh.requested() and global_mesh.active()
 
 
 def _single_controller_tp_plan(kwargs: dict):
-    """`tp_plan="auto"` (or a plan dict) without a torch.distributed process group: one process drives every
-    chip, so the plan becomes hf_tpu's `tp` placement over the mesh (no DTensor, no process group needed).
+    """`tp_plan="auto"` (or a plan dict) without a torch.distributed process group, or with one under
+    HF_TPU_MESH=global: one program drives every chip, so the plan becomes hf_tpu's `tp` placement over the
+    mesh (no DTensor, no process group needed).
     Returns the plan ("auto" or the dict), or None when the call leaves tensor parallelism to transformers."""
     plan = kwargs.get("tp_plan")
     if plan is None:
         return None
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_available() and dist.is_initialized() and not _global_mesh():
         return None  # torchrun: transformers' own DTensor tensor parallelism
     if kwargs.get("device_map") not in (None, "tpu", "tpu:0", 0, "auto") and not targets_tpu(
         kwargs.get("device_map")

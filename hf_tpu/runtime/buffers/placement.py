@@ -5,7 +5,8 @@
 arrays it meets — or *placed* on the current mesh with a `NamedSharding`: split over chips along some
 dims (`shard`) or a full copy on every chip (`replicate`). XLA's GSPMD propagates placements through
 every op, fused program and compiled graph, and inserts the collectives; a result lands where XLA put
-it. One chip: everything is unsharded, exactly as before there were meshes.
+it. One chip: everything is unsharded, exactly as before there were meshes. In a multi-process job with
+`HF_TPU_MESH=global` the mesh spans every process's chips and placed arrays are global (global_mesh.py).
 
 Host -> device copies (`host_to_jax`, `numpy_to_jax`), placement on the mesh (`place`), device -> host
 reads (`jax_to_host`) and per-chip byte counts (`chip_bytes`) all live here: nothing else in hf_tpu
@@ -26,7 +27,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from hf_tpu.runtime.buffers import file_pages, host_copies, platform
+from hf_tpu.runtime.buffers import file_pages, global_mesh, host_copies, platform
 from hf_tpu.runtime.buffers.dtypes import (
     check_platform_dtype,
     numpy_from_torch,
@@ -66,8 +67,10 @@ def host_to_jax(t: torch.Tensor, spec: Spec | None = None):
     array = numpy_from_torch(t.contiguous() if not t.is_contiguous() else t)
     if spec is not None:
         sharding = named_sharding(spec, tuple(t.shape))
-        # device_put slices the host array per chip; on CPU the slices are copied (never aliased)
-        out = jax.device_put(np.array(array, copy=True) if _host_platform() else array, sharding)
+        if not sharding.is_fully_addressable:  # the global mesh: this process gives its chips' parts
+            out = global_mesh.from_host(array, sharding, copy=_host_platform())
+        else:  # device_put slices the host array per chip; on CPU the slices are copied (never aliased)
+            out = jax.device_put(np.array(array, copy=True) if _host_platform() else array, sharding)
     else:
         out = jax.device_put(np.array(array, copy=True) if _host_platform() else array)
     file_pages.release(t)  # a checkpoint's mapped pages, once copied (clean file pages only)
@@ -86,8 +89,9 @@ def empty_array(shape: tuple, dtype: torch.dtype):
 
 
 def jax_to_host(a) -> torch.Tensor:
-    """A CPU tensor holding device array `a`'s values (gathered from every chip that holds a part)."""
-    return torch_from_numpy(np.asarray(a))
+    """A CPU tensor holding device array `a`'s values (gathered from every chip that holds a part; under
+    the global mesh from every process, which must all read it: see `global_mesh.host_value`)."""
+    return torch_from_numpy(global_mesh.host_value(a))
 
 
 @cache
@@ -97,12 +101,14 @@ def _host_platform() -> bool:
 
 # -- the mesh -----------------------------------------------------------------------------------------
 def chips() -> tuple:
-    """The local chips, in JAX's order."""
-    return platform.devices()
+    """The chips a mesh spans, in JAX's order: this process's (every process's under `HF_TPU_MESH=global`,
+    see global_mesh.py)."""
+    return global_mesh.mesh_devices()
 
 
 def mesh():
-    """The current mesh (default: every local chip on one axis named "model")."""
+    """The current mesh (default: every chip, local or under HF_TPU_MESH=global the job's, on one axis
+    named "model")."""
     current = _mesh[0]
     if current is None:
         with _lock:
@@ -133,9 +139,15 @@ def build_mesh(shape: Sequence[int], axis_names: Sequence[str]):
     devices = chips()
     n = math.prod(shape)
     if n > len(devices):
+        where = "the job (HF_TPU_MESH=global)" if global_mesh.active() else "this host"
         raise PlacementError(
-            f"mesh shape {shape} needs {n} chips but this host has {len(devices)}: use a shape whose "
+            f"mesh shape {shape} needs {n} chips but {where} has {len(devices)}: use a shape whose "
             f"product is at most {len(devices)}"
+        )
+    if n < len(devices) and global_mesh.active():  # a smaller mesh would leave some processes without chips
+        raise PlacementError(
+            f"mesh shape {shape} uses {n} of the job's {len(devices)} chips: under HF_TPU_MESH=global every "
+            f"process runs every program, so a mesh spans all the chips; use a shape whose product is {len(devices)}"
         )
     del jax
     grid = np.array(devices[:n], dtype=object).reshape(shape)
@@ -224,6 +236,8 @@ def place(array, spec, what: str = "tensor"):
     sharding = named_sharding(spec, tuple(array.shape), what)
     if getattr(array, "sharding", None) == sharding:
         return array
+    if global_mesh.crosses_processes(array, sharding):
+        return global_mesh.from_local(array, sharding)
     return jax.device_put(array, sharding)
 
 
@@ -252,17 +266,19 @@ def on_mesh(array) -> bool:
 
 
 def chip_bytes(array, itemsize: int) -> Iterator[tuple[int, int]]:
-    """(chip position in `chips()`, bytes) for every chip holding a part of `array`."""
+    """(chip position in this process's chips, bytes) for every local chip holding a part of `array`
+    (under the global mesh the other processes' chips are theirs to count)."""
     sharding = array.sharding
     per_chip = math.prod(sharding.shard_shape(tuple(array.shape))) * itemsize
     index = _chip_index()
     for device in sharding.device_set:
-        yield index[device], per_chip
+        if device in index:
+            yield index[device], per_chip
 
 
 @cache
 def _chip_index() -> dict:
-    return {d: i for i, d in enumerate(chips())}
+    return {d: i for i, d in enumerate(platform.devices())}
 
 
 def describe_devices(array) -> str:
@@ -290,6 +306,8 @@ def keep_placement(old, new):
         return new
     if new.sharding == sharding:
         return new
+    if global_mesh.crosses_processes(new, sharding):
+        return global_mesh.from_local(new, sharding)
     return platform.jax().device_put(new, sharding)
 
 
@@ -302,6 +320,13 @@ def mesh_mismatch(exc: BaseException, what: str) -> MeshMismatchError | None:
     text = str(exc)
     if "incompatible devices" not in text:
         return None
+    if global_mesh.active():
+        return MeshMismatchError(
+            f"hf_tpu: {what} got a tensor that lives on this process's chips only (a tpu_dist collective's "
+            "result, or one placed before the global mesh) with one placed on the global mesh "
+            f"(HF_TPU_MESH=global, {dict(mesh().shape)}). Place the process-local one on the global mesh first "
+            f"(hf_tpu.replicate(t) or hf_tpu.shard(t, spec)). ({text.splitlines()[0][:300]})"
+        )
     return MeshMismatchError(
         f"hf_tpu: {what} got tensors placed on different sets of chips: a tensor placed under an earlier mesh "
         f"(hf_tpu.set_mesh / use_mesh) met one placed under the current mesh {dict(mesh().shape)}. Re-place the "

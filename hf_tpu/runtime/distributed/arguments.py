@@ -10,6 +10,10 @@ class NotATpuTensorError(TypeError):
     """A tpu_dist collective was given a tensor that is not on the tpu device."""
 
 
+class GlobalTensorInCollectiveError(ValueError):
+    """A tpu_dist collective was given a tensor placed on the global mesh (HF_TPU_MESH=global)."""
+
+
 def check_tensors(tensors, collective: str) -> None:
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor):
@@ -20,6 +24,27 @@ def check_tensors(tensors, collective: str) -> None:
                 "tpu_dist collectives take tpu tensors: move it with .to('tpu'), or run cpu tensors through "
                 "a gloo group (dist.new_group(backend='gloo'))"
             )
+        if _on_global_mesh(t):
+            raise GlobalTensorInCollectiveError(
+                f"tpu_dist {collective}: tensor {i} (shape {tuple(t.shape)}, {t.dtype}) is placed on the global "
+                "mesh (HF_TPU_MESH=global): it is already one value over every process, and ops on it run as "
+                "one program across the processes (XLA adds the collectives). tpu_dist collectives take "
+                "process-local tensors: reduce it with tensor ops, or give the collective t.cpu().to('tpu')"
+            )
+
+
+def _on_global_mesh(t: torch.Tensor) -> bool:
+    """Whether `t`'s buffer is a global array split or copied over other processes' chips."""
+    from hf_tpu.runtime.buffers import global_mesh
+
+    if not global_mesh.requested() or not global_mesh.active():
+        return False
+    from hf_tpu.runtime.buffers.storage import REGISTRY
+    from hf_tpu.runtime.launch import lazy
+
+    payload = REGISTRY.payload(t.untyped_storage().data_ptr())
+    array = lazy.concrete(payload.array) if payload is not None and payload.array is not None else None
+    return array is not None and not getattr(array, "is_fully_addressable", True)
 
 
 def signature(tensors, **extra) -> dict:

@@ -6,7 +6,7 @@ from functools import cache
 
 import torch
 
-from hf_tpu.runtime.buffers import host_copies, platform
+from hf_tpu.runtime.buffers import global_mesh, host_copies, platform
 from hf_tpu.runtime.buffers.dtypes import convert, to_jax_dtype
 from hf_tpu.runtime.buffers.placement import host_to_jax, jax_to_host
 from hf_tpu.runtime.buffers.platform import MULTI_CHIP
@@ -56,12 +56,14 @@ def copy_(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
             raise RuntimeError(f"hf_tpu: cannot copy from {src.device} to tpu; move it to cpu first")
         write(self, _fit(value, self.shape, self.dtype))
         return self
-    # tpu -> host: asynchronous into pinned targets (CUDA's contract), else now, after earlier async ones
-    if non_blocking and host_copies.is_async_target(self):
-        host_copies.copy_async(self, to_jax(src))
+    # tpu -> host: asynchronous into pinned targets (CUDA's contract), else now, after earlier async ones;
+    # a tensor split over other processes' chips (HF_TPU_MESH=global) is gathered now
+    value = to_jax(src)
+    if non_blocking and host_copies.is_async_target(self) and not global_mesh.needs_gather(value):
+        host_copies.copy_async(self, value)
         return self
     host_copies.complete()
-    host = jax_to_host(to_jax(src))
+    host = jax_to_host(value)
     return self.copy_(host)
 
 
