@@ -6,23 +6,31 @@ partitions every op and inserts the collectives, so each result is the unsplit c
 
 - data parallel (`data=axis`): every tensor argument of a component call whose leading dim is the call's
   batch (latents, prompt embeddings, timesteps, CFG's doubled batch) is split over `axis`.
-- context parallel (`context=axis`): a denoiser's `_cp_plan` read as placements: each `ContextParallelInput`
-  splits that module input (or output, `split_output=True`) along `split_dim` over `axis`, each
-  `ContextParallelOutput` lays its output out whole along `gather_dim` again. `ulysses=True` re-lays
-  query/key/value out by heads around each attention (the all-to-all of Ulysses attention) and the output
-  back by sequence (inside a compiled graph: sharding constraints, `sharding_constraint.py`); otherwise they
-  stay split by sequence and GSPMD gathers keys/values (the all-gather of ring attention with
-  rotate_method="allgather"). The hooks at module boundaries run outside a compiled graph
-  (`torch._dynamo.disable`: a graph break each).
+- context parallel (`context=axis`, or a tuple of axes): a denoiser's `_cp_plan` read as placements: each
+  `ContextParallelInput` splits that module input (or output, `split_output=True`) along `split_dim` over
+  `axis`, each `ContextParallelOutput` lays its output out whole along `gather_dim` again. `ulysses=True`
+  re-lays query/key/value out by heads (over the last context axis) around each attention (the all-to-all of
+  Ulysses attention) and the output back by sequence (inside a compiled graph: sharding constraints,
+  `sharding_constraint.py`); otherwise they stay split by sequence and GSPMD gathers keys/values (the
+  all-gather of ring attention with rotate_method="allgather"). Both at once (two axes, Ulysses on the last):
+  diffusers' unified attention, the sequence left split over the ring axis inside each attention. The hooks
+  at module boundaries run outside a compiled graph (`torch._dynamo.disable`: a graph break each). Every
+  re-layout of a tensor that needs a gradient is the differentiable sharding-constraint op, so a training
+  step sees one autograd graph.
 - diffusers' own API without a process group: `model.enable_parallelism(config=ContextParallelConfig(
   ring_degree=N | ulysses_degree=N))` and `TensorParallelConfig(tp_degree=N)` (also as
   `from_pretrained(..., parallel_config=...)`) map onto the above over the mesh axis of size N, the way
-  transformers' `tp_plan="auto"` maps onto the `tp` placement.
+  transformers' `tp_plan="auto"` maps onto the `tp` placement; `ring_degree=R, ulysses_degree=U` together
+  need two axes sized R and U (preferably named "ring" and "ulysses").
 - under torchrun with a process group (`tpu_dist`), none of the above: `enable_parallelism` and
   `from_pretrained(parallel_config=)` run diffusers' own path (its device mesh, `_cp_plan` hooks, ring/Ulysses
   attention over functional collectives, DTensor tensor parallel; tests/distributed/test_diffusers_dist.py).
-  One addition: ring attention asks the attention op for each step's logsumexp, which diffusers' native op
-  refuses; on tpu it gives it (`patch_native_attention_forward_op`), so ring runs on the native backend.
+  Two additions: ring attention asks the attention op for each step's logsumexp, which diffusers' native op
+  refuses; on tpu it gives it (`patch_native_attention_forward_op`), so ring runs on the native backend. And
+  ring attention's backward hands the backward op each step's keys/values and the whole output/logsumexp,
+  which diffusers' native op ignores (wrong gradients wherever the forward is answered, e.g. on CPU with the
+  same logsumexp answer); on tpu it uses them (`patch_native_attention_backward_op`), so ring (and unified)
+  training is right.
 """
 
 from __future__ import annotations
@@ -47,33 +55,63 @@ _VAE_NAMES = ("vae", "movq", "vqvae", "vqgan", "vocoder")
 
 
 # -- placing one tensor ---------------------------------------------------------------------------------
+Axis = str | tuple[str, ...]  # a mesh axis, or several splitting one dim together (major first)
+
+
 def _spec(tensor: torch.Tensor) -> list:
     from hf_tpu.runtime.tensors.sharding import sharding
 
     return list(sharding(tensor))
 
 
-def _ways(axis: str) -> int:
+def _names(entry) -> tuple[str, ...]:
+    """The axis names of a spec entry (None, a name or a tuple of names)."""
+    if entry is None:
+        return ()
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
+
+def _entry(names: tuple[str, ...]):
+    """A spec entry for `names`: None, one name, or the tuple."""
+    return None if not names else names[0] if len(names) == 1 else tuple(names)
+
+
+def _ways(axis: Axis) -> int:
     sizes = dict(placement.mesh().shape)
-    if axis not in sizes:
-        raise ValueError(
-            f"hf_tpu: the mesh has no axis {axis!r} (axes: {tuple(sizes)}); "
-            f"set one with hf_tpu.set_mesh(shape, axis_names)"
-        )
-    return sizes[axis]
+    ways = 1
+    for name in _names(axis):
+        if name not in sizes:
+            raise ValueError(
+                f"hf_tpu: the mesh has no axis {name!r} (axes: {tuple(sizes)}); "
+                f"set one with hf_tpu.set_mesh(shape, axis_names)"
+            )
+        ways *= sizes[name]
+    return ways
+
+
+def _lay_out(tensor: torch.Tensor, spec: list) -> torch.Tensor:
+    """`tensor` laid out by `spec`. `shard` re-lays a whole buffer out in place but gives a view a new tensor
+    outside autograd; a tensor that needs its gradient goes through the sharding-constraint op instead (a
+    copy laid out by `spec`, whose gradient passes through unchanged), so training sees one graph."""
+    if tensor.requires_grad and torch.is_grad_enabled():
+        from hf_tpu.integrations.sharding_constraint import constrain
+
+        return constrain(tensor, [",".join(_names(e)) for e in spec])
+    return shard(tensor, tuple(spec))
 
 
 _skipped: set = set()
 
 
-def split_along(tensor, dim: int, axis: str, what: str = "tensor"):
-    """`tensor` (a tpu tensor) split along `dim` over mesh `axis`, keeping how its other dims are split."""
+def split_along(tensor, dim: int, axis: Axis, what: str = "tensor"):
+    """`tensor` (a tpu tensor) split along `dim` over mesh `axis` (or axes), keeping how its other dims are
+    split."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "tpu" or tensor.dim() == 0:
         return tensor
     dim = dim % tensor.dim()
     spec = _spec(tensor)
-    if spec[dim] == axis or axis in spec:
+    used = {n for e in spec for n in _names(e)}
+    if _names(spec[dim]) == _names(axis) or used & set(_names(axis)):
         return tensor
     ways = _ways(axis)
     if spec[dim] is not None or tensor.shape[dim] % ways:
@@ -89,22 +127,20 @@ def split_along(tensor, dim: int, axis: str, what: str = "tensor"):
                 ways,
             )
         return tensor
-    spec[dim] = axis
+    spec[dim] = _entry(_names(axis))
+    return _lay_out(tensor, spec)
 
-    return shard(tensor, tuple(spec))
 
-
-def whole_along(tensor, dim: int, axis: str):
+def whole_along(tensor, dim: int, axis: Axis):
     """`tensor` with dim `dim` no longer split over `axis` (the gather of context parallelism)."""
     if not isinstance(tensor, torch.Tensor) or tensor.device.type != "tpu" or tensor.dim() == 0:
         return tensor
     spec = _spec(tensor)
     dim = dim % tensor.dim()
-    if spec[dim] != axis:
+    if _names(spec[dim]) != _names(axis):
         return tensor
     spec[dim] = None
-
-    return shard(tensor, tuple(spec))
+    return _lay_out(tensor, spec)
 
 
 # -- data parallel --------------------------------------------------------------------------------------
@@ -158,7 +194,7 @@ def _submodules(model: torch.nn.Module, name: str) -> list[torch.nn.Module]:
     return _submodules(getattr(model, head), rest)
 
 
-def _split(value, how, axis: str, what: str):
+def _split(value, how, axis: Axis, what: str):
     """A module input/output laid out by a ContextParallelInput (or a list of them for a list of tensors)."""
     if isinstance(value, torch.Tensor):
         if how.expected_dims is not None and value.dim() != how.expected_dims:
@@ -169,7 +205,7 @@ def _split(value, how, axis: str, what: str):
     return value
 
 
-def _input_hook(module: torch.nn.Module, inputs: dict, axis: str) -> Callable:
+def _input_hook(module: torch.nn.Module, inputs: dict, axis: Axis) -> Callable:
     names = list(inspect.signature(type(module).forward).parameters)[1:]
 
     @torch._dynamo.disable
@@ -186,7 +222,7 @@ def _input_hook(module: torch.nn.Module, inputs: dict, axis: str) -> Callable:
     return split_inputs
 
 
-def _output_split_hook(module: torch.nn.Module, outputs: dict, axis: str) -> Callable:
+def _output_split_hook(module: torch.nn.Module, outputs: dict, axis: Axis) -> Callable:
     @torch._dynamo.disable
     def split_outputs(mod, args, output):
         single = isinstance(output, torch.Tensor)
@@ -198,7 +234,7 @@ def _output_split_hook(module: torch.nn.Module, outputs: dict, axis: str) -> Cal
     return split_outputs
 
 
-def _gather_hook(gathers: list, axis: str) -> Callable:
+def _gather_hook(gathers: list, axis: Axis) -> Callable:
     @torch._dynamo.disable
     def gather_outputs(mod, args, output):
         single = isinstance(output, torch.Tensor)
@@ -213,10 +249,11 @@ def _gather_hook(gathers: list, axis: str) -> Callable:
 
 
 def context_parallel(
-    model: torch.nn.Module, axis: str = "context", plan: dict | None = None, ulysses: bool = False
+    model: torch.nn.Module, axis: Axis = "context", plan: dict | None = None, ulysses: bool = False
 ) -> torch.nn.Module:
-    """Split `model`'s sequence over mesh `axis` by its `_cp_plan` (or `plan`): see the module docstring.
-    Returns `model`."""
+    """Split `model`'s sequence over mesh `axis` (or a tuple of axes, major first) by its `_cp_plan` (or `plan`):
+    see the module docstring. `ulysses=True`: Ulysses attention over `axis`'s last axis, ring over the others
+    (diffusers' unified attention when there are two). Returns `model`."""
     from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
     plan = plan if plan is not None else getattr(type(model), "_cp_plan", None)
@@ -239,8 +276,8 @@ def context_parallel(
             else:
                 gathers = [entry] if isinstance(entry, ContextParallelOutput) else list(entry)
                 _keep(model, module.register_forward_hook(_gather_hook(gathers, axis)))
-    if ulysses:
-        _set_attention_layout(model, axis)
+    if ulysses:  # (ring alone needs no mark: the attention's plain op sees keys/values split, GSPMD gathers)
+        _set_attention_layout(model, axis, _names(axis)[-1])
     return model
 
 
@@ -249,18 +286,21 @@ def _splits_output(how, input_cls) -> bool:
     return isinstance(first, input_cls) and first.split_output
 
 
-def _set_attention_layout(model: torch.nn.Module, axis: str) -> None:
-    """Processors get a ContextParallelConfig marked with the mesh axis: diffusers' native attention then calls
-    `_templated_context_parallel_attention`, which `patch_attention_dispatch` routes to `ulysses_attention`."""
+def _set_attention_layout(model: torch.nn.Module, axis: Axis, ulysses: str | None, config=None) -> None:
+    """Processors get a ContextParallelConfig (`config`'s, else a new one) marked with the mesh axes: diffusers'
+    native attention then calls `_templated_context_parallel_attention`, which `patch_attention_dispatch` routes
+    to `ulysses_attention` (`ulysses`: the axis of the all-to-all) or to the plain op (ring: GSPMD gathers)."""
     from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
 
     from hf_tpu.integrations.sharding_constraint import define
 
     define()  # before any trace: Dynamo keeps the custom op in the graph
-    ways = _ways(axis)
-    config = ParallelConfig(context_parallel_config=ContextParallelConfig(ulysses_degree=ways))
-    config.context_parallel_config._hf_tpu_axis = axis
-    config.context_parallel_config._hf_tpu_ways = ways
+    if config is None:
+        degree = _ways(ulysses) if ulysses else 1
+        cp = ContextParallelConfig(ring_degree=_ways(axis) // degree, ulysses_degree=degree)
+        config = ParallelConfig(context_parallel_config=cp)
+    config.context_parallel_config._hf_tpu_axis = _names(axis)
+    config.context_parallel_config._hf_tpu_ulysses = ulysses
     _mark_processors(model, config)
 
 
@@ -288,6 +328,25 @@ def remove_parallel_hooks(module: torch.nn.Module) -> None:
 
 
 # -- the attention of Ulysses, single-controller ------------------------------------------------------------
+def _move(t, entries: tuple, spec_from: tuple, ulysses: str):
+    """`t` (B, S, H, D) re-laid out with dims 1 and 2 split by `entries` (names per dim), from `spec_from`
+    (eagerly: only if the dim that holds the `ulysses` axis is split as `spec_from` says; inside a compiled
+    graph: a sharding constraint saying the same to GSPMD)."""
+    ways = _ways(ulysses)
+    if not isinstance(t, torch.Tensor) or t.shape[1] % ways or t.shape[2] % ways:
+        return t
+    if torch.compiler.is_compiling():
+        spec = ["*"] * t.dim()
+        spec[1], spec[2] = (",".join(names) for names in entries)
+        return torch.ops.hf_tpu.sharding_constraint(t, "|".join(spec))
+    spec = _spec(t)
+    dim = 1 if ulysses in spec_from[0] else 2
+    if _names(spec[dim]) != spec_from[dim - 1]:
+        return t
+    spec[1], spec[2] = (_entry(names) for names in entries)
+    return _lay_out(t, spec)
+
+
 def ulysses_attention(
     query,
     key,
@@ -299,27 +358,16 @@ def ulysses_attention(
     enable_gqa,
     return_lse,
     forward_op,
-    axis: str,
-    ways: int,
+    axis: Axis,
+    ulysses: str,
 ):
-    """(B, S, H, D) query/key/value split by sequence -> split by heads, attention, output split by sequence.
-    Eagerly each tensor is re-laid out; inside a compiled graph a sharding constraint says the same to GSPMD."""
-
-    def by(t, from_dim, to_dim):
-        if not isinstance(t, torch.Tensor) or t.shape[from_dim] % ways or t.shape[to_dim] % ways:
-            return t
-        if torch.compiler.is_compiling():
-            spec = ["*"] * t.dim()
-            spec[from_dim], spec[to_dim] = "", axis
-            return torch.ops.hf_tpu.sharding_constraint(t, "|".join(spec))
-        spec = _spec(t)
-        if spec[from_dim] != axis:
-            return t
-        spec[from_dim], spec[to_dim] = None, axis
-
-        return shard(t, tuple(spec))
-
-    query, key, value = (by(t, 1, 2) for t in (query, key, value))
+    """(B, S, H, D) query/key/value with S split over `axis` -> S split over the ring axes (`axis` but `ulysses`)
+    and H over `ulysses`, attention (GSPMD gathers keys/values over the ring axes), output back to S over `axis`.
+    One axis: Ulysses attention; a ring axis and a Ulysses axis: diffusers' unified attention."""
+    seq = _names(axis)
+    ring = tuple(n for n in seq if n != ulysses)
+    split_seq, split_heads = (seq, ()), (ring, (ulysses,))
+    query, key, value = (_move(t, split_heads, split_seq, ulysses) for t in (query, key, value))
     out = forward_op(
         None,
         query,
@@ -335,8 +383,8 @@ def ulysses_attention(
         _parallel_config=None,
     )
     if isinstance(out, tuple):
-        return (by(out[0], 2, 1), *out[1:])
-    return by(out, 2, 1)
+        return (_move(out[0], split_seq, split_heads, ulysses), *out[1:])
+    return _move(out, split_seq, split_heads, ulysses)
 
 
 def _wrap_templated(original):
@@ -373,7 +421,7 @@ def _wrap_templated(original):
                 backward_op=backward_op,
                 _parallel_config=_parallel_config,
             )
-        if cp.ulysses_degree > 1:
+        if cp._hf_tpu_ulysses is not None:
             return ulysses_attention(
                 query,
                 key,
@@ -386,7 +434,7 @@ def _wrap_templated(original):
                 return_lse,
                 forward_op,
                 axis,
-                cp._hf_tpu_ways,
+                cp._hf_tpu_ulysses,
             )
         # ring: keys/values stay split by sequence; GSPMD gathers them (rotate_method="allgather")
         return forward_op(
@@ -457,6 +505,46 @@ def _wrap_native_forward_op(original):
     return _native_attention_forward_op
 
 
+def ring_step_grads(grad_out, query, key, value, out, lse, scale=None):
+    """Gradients of one ring step's query/key/value, (B, S, H, D) each, from the ring's whole output and
+    logsumexp (B, Sq, H): the step's probabilities are exp(q k^T * scale - lse), so dV = P^T dO and
+    dS = P * (dO V^T - rowsum(dO * O)) give dQ = dS K * scale and dK = dS^T Q * scale (flash attention's
+    backward). Computed in float32, returned in each input's dtype."""
+    dtype = query.dtype
+    q, k, v, o, do = (x.transpose(1, 2).float() for x in (query, key, value, out, grad_out))
+    scale = scale if scale is not None else query.shape[-1] ** -0.5
+    probs = torch.exp(q @ k.transpose(-1, -2) * scale - lse.transpose(1, 2).float().unsqueeze(-1))
+    grad_v = probs.transpose(-1, -2) @ do
+    grad_s = probs * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    grad_q = grad_s @ k * scale
+    grad_k = grad_s.transpose(-1, -2) @ q * scale
+    return tuple(g.transpose(1, 2).to(dtype) for g in (grad_q, grad_k, grad_v))
+
+
+def _wrap_native_backward_op(original):
+    """diffusers' ring attention backward calls the backward op once per ring step with that step's key/value
+    and the ring's whole output and logsumexp; the native op ignores them and differentiates attention over the
+    saved local chunk again (upstream this never runs: the native forward op refuses the logsumexp ring needs;
+    on CPU with that answered, gradients are off by ~3e-3 on the tiny Flux, while Ulysses, which calls it
+    without them, is exact). On tpu, given them, the step's gradients are computed from them."""
+
+    @functools.wraps(original)
+    def _native_attention_backward_op(ctx, grad_out, *args, **kwargs):
+        ring = {"query", "key", "value", "out", "lse"} <= kwargs.keys()
+        if not (ring and grad_out.device.type == "tpu") or ctx.attn_mask is not None or ctx.is_causal:
+            return original(ctx, grad_out, *args, **kwargs)
+        names = ("query", "key", "value", "out", "lse")
+        return ring_step_grads(grad_out, *(kwargs[n] for n in names), scale=ctx.scale)
+
+    return _native_attention_backward_op
+
+
+def patch_native_attention_backward_op(module: ModuleType) -> None:
+    """diffusers.models.attention_dispatch: the native backward op computes ring steps' gradients on tpu."""
+    if hasattr(module, "_native_attention_backward_op"):
+        patch(module, "_native_attention_backward_op", _wrap_native_backward_op)
+
+
 def patch_native_attention_forward_op(module: ModuleType) -> None:
     """diffusers.models.attention_dispatch: the native forward op returns the logsumexp on tpu (ring attention)."""
     if hasattr(module, "_native_attention_forward_op"):
@@ -478,16 +566,29 @@ def _single_controller() -> bool:
     return not (dist.is_available() and dist.is_initialized()) and tpu_is_accelerator()
 
 
-def _axis_of_size(size: int, preferred: tuple[str, ...], what: str) -> str:
-
+def _axis_of_size(size: int, preferred: tuple[str, ...], what: str, taken: tuple[str, ...] = ()) -> str:
     sizes = dict(placement.mesh().shape)
     for name in (*preferred, *sizes):
-        if sizes.get(name) == size:
+        if sizes.get(name) == size and name not in taken:
             return name
     raise ValueError(
         f"hf_tpu: {what} needs a mesh axis of size {size}, but the mesh is {sizes}. In one process, set a mesh "
         f"with such an axis first, e.g. hf_tpu.set_mesh(({size},), ('context',)) (chips: {torch.tpu.device_count()})"
     )
+
+
+def _context_axes(cp) -> tuple[Axis, str | None]:
+    """(the axis or axes a ContextParallelConfig splits the sequence over, the Ulysses axis or None). Ring and
+    Ulysses together need two axes, sized ring_degree and ulysses_degree (preferably named "ring" and "ulysses")."""
+    if cp.ring_degree > 1 and cp.ulysses_degree > 1:
+        what = "ContextParallelConfig(ulysses_degree=...) with ring_degree > 1"
+        ulysses = _axis_of_size(cp.ulysses_degree, ("ulysses",), what)
+        what = "ContextParallelConfig(ring_degree=...) with ulysses_degree > 1"
+        ring = _axis_of_size(cp.ring_degree, ("ring", "context"), what, taken=(ulysses,))
+        return (ring, ulysses), ulysses
+    size = cp.ring_degree * cp.ulysses_degree
+    axis = _axis_of_size(size, ("context", "ring", "ulysses", "model"), "ContextParallelConfig")
+    return axis, (axis if cp.ulysses_degree > 1 else None)
 
 
 def _split_config(config):
@@ -503,7 +604,8 @@ def _split_config(config):
 def apply_parallel_config(model: torch.nn.Module, config, cp_plan: dict | None = None) -> None:
     """diffusers' ParallelConfig in one process: tp -> the `tp` placement over the axis of size tp_degree (it must
     be the axis the policy splits, "model" or the mesh's last); cp -> `context_parallel` over the axis of size
-    ring_degree x ulysses_degree, with Ulysses attention when ulysses_degree > 1."""
+    ring_degree x ulysses_degree, with Ulysses attention when ulysses_degree > 1; both > 1: over two axes, sized
+    ring_degree and ulysses_degree, Ulysses on the second (unified attention)."""
     from diffusers.models._modeling_parallel import ParallelConfig
 
     cp, tp = _split_config(config)
@@ -518,16 +620,9 @@ def apply_parallel_config(model: torch.nn.Module, config, cp_plan: dict | None =
             )
         policies.shard_module(model, "tp")
     if cp is not None:
-        if cp.ring_degree > 1 and cp.ulysses_degree > 1:
-            raise NotImplementedError("hf_tpu: ring_degree and ulysses_degree both > 1 (unified attention)")
-        size = cp.ring_degree * cp.ulysses_degree
-        axis = _axis_of_size(size, ("context", "ring", "ulysses", "model"), "ContextParallelConfig")
-        context_parallel(model, axis, cp_plan, ulysses=False)
-        from hf_tpu.integrations.sharding_constraint import define
-
-        define()
-        cp._hf_tpu_axis, cp._hf_tpu_ways = axis, size
-        _mark_processors(model, ParallelConfig(context_parallel_config=cp))
+        axis, ulysses = _context_axes(cp)
+        context_parallel(model, axis, cp_plan)
+        _set_attention_layout(model, axis, ulysses, ParallelConfig(context_parallel_config=cp))
     model._parallel_config = (
         config
         if isinstance(config, ParallelConfig)
@@ -584,7 +679,7 @@ def parallelize_pipeline(
     pipe,
     *,
     data: str | None = None,
-    context: str | None = None,
+    context: Axis | None = None,
     ulysses: bool = False,
     policy: str | None = None,
 ):
@@ -594,7 +689,9 @@ def parallelize_pipeline(
     `fsdp`; a no-op for weights `from_pretrained(device_map="tpu")` placed so already). `data="data"` splits the
     batch (prompts x images per prompt, and CFG's doubled batch) of every component call but the VAE's over
     that mesh axis; `context="context"` splits the denoisers' sequence by their `_cp_plan` (`ulysses=True`:
-    Ulysses attention). Axes may be combined on a 2-D mesh, e.g. `hf_tpu.set_mesh((2, 4), ("data", "model"))`.
+    Ulysses attention; a tuple of axes splits it over all of them, and with `ulysses=True` the last one is the
+    Ulysses axis and the others ring, e.g. `context=("ring", "ulysses")`). Axes may be combined on a 2-D mesh,
+    e.g. `hf_tpu.set_mesh((2, 4), ("data", "model"))`.
     """
     modules = {k: v for k, v in pipe.components.items() if isinstance(v, torch.nn.Module)}
     off = sorted(k for k, m in modules.items() if any(p.device.type != "tpu" for p in m.parameters()))

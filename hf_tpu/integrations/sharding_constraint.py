@@ -5,7 +5,8 @@ the graph. This is a custom op, `hf_tpu::sharding_constraint`, that Dynamo keeps
 backend lowers to `jax.lax.with_sharding_constraint` (GSPMD then moves the data, e.g. the all-to-all of
 Ulysses attention); run eagerly it returns a new tensor laid out by `spec`. A spec entry "*" leaves that dim
 as GSPMD likes it (PartitionSpec.UNCONSTRAINED; eagerly: as it is), "" keeps it whole, else axis names
-joined by ","; the op takes the entries joined by "|" (custom ops take no list of strings).
+joined by ","; the op takes the entries joined by "|" (custom ops take no list of strings). Its gradient is
+the incoming gradient unchanged (a layout changes no value).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ def define():
         @sharding_constraint.register_fake
         def _(x, spec):
             return torch.empty_like(x)
+
+        # a layout changes no value: the gradient passes through as it is (training with context parallel)
+        sharding_constraint.register_autograd(lambda ctx, grad: (grad, None))
 
         from hf_tpu.runtime.lowerings.table import lowers
 

@@ -358,6 +358,14 @@ PATCHES: tuple[Patch, ...] = (
             "_parallel_config",
         ),
     ),
+    Patch(
+        "diffusers.models.attention_dispatch:_native_attention_backward_op",
+        "diffusers_parallel:patch_native_attention_backward_op",
+        "ring attention's backward passes each step's key/value and the whole output/logsumexp, which the "
+        "native op ignores (wrong gradients): on tpu it uses them",
+        "diffusers",
+        ("ctx", "grad_out"),
+    ),
     # -- safetensors ---------------------------------------------------------------------------------------
     Patch(
         "safetensors:safe_open",

@@ -1,7 +1,8 @@
-"""diffusers' own `enable_parallelism` under torchrun on tpu_dist: 2 ranks (launcher.run_job, torchrun's env on
-127.0.0.1), each `init_process_group("tpu_dist")` + `torch.tpu.set_device(local_rank)`, the same tiny Flux from
-tests/integrations/diffusion_zoo.py on every rank, then `ContextParallelConfig(ring_degree=2)`,
-`ContextParallelConfig(ulysses_degree=2)` or `TensorParallelConfig(tp_degree=2)`. The worker
+"""diffusers' own `enable_parallelism` under torchrun on tpu_dist: 2 ranks (4 for ring and Ulysses together;
+launcher.run_job, torchrun's env on 127.0.0.1), each `init_process_group("tpu_dist")` +
+`torch.tpu.set_device(local_rank)`, the same tiny Flux from tests/integrations/diffusion_zoo.py on every rank,
+then `ContextParallelConfig(ring_degree=2)`, `ContextParallelConfig(ulysses_degree=2)`,
+`ContextParallelConfig(ring_degree=2, ulysses_degree=2)` or `TensorParallelConfig(tp_degree=2)`. The worker
 (workers/diffusers_cp.py) compares each rank's output with one CPU process (fp32, atol 1e-4) and checks that
 diffusers' path ran, not hf_tpu's single-process mapping (`diffusers_parallel.py` defers once a process group
 exists): context parallel hands each rank half of the image tokens as a plain tpu tensor (diffusers' `_cp_plan`
@@ -58,3 +59,30 @@ def test_from_pretrained_with_parallel_config_under_torchrun_matches_one_cpu_pro
         extra_env={"HF_HUB_OFFLINE": "1"},
     )
     assert _passed(results) == [3 * 3] * 2, report(results)
+
+
+@pytest.mark.slow
+def test_ring_and_ulysses_together_on_4_ranks_match_one_cpu_process():
+    """diffusers' unified attention (`ContextParallelConfig(ring_degree=2, ulysses_degree=2)`: Ulysses'
+    all-to-all inside each group of 2, the ring's all_gather across the groups): the transformer forward eager
+    and compiled, and a FluxPipeline generation, equal the CPU ones on every rank. Compiled, the graph stays
+    whole but its collectives span two groups, so it runs op by op, not as one SPMD program (~2.5 min here)."""
+    results = run_job(
+        "diffusers_cp",
+        4,
+        args=("unified,unified-compiled,unified-pipe",),
+        timeout=600,
+        extra_env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert _passed(results) == [_CHECKS_PER_CONFIG] * 4, report(results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("configs", "ranks"), [("ring-train,ulysses-train", 2), ("unified-train", 4)])
+def test_context_parallel_training_step_under_torchrun_matches_one_cpu_step(configs, ranks):
+    """One training step (forward, loss, backward, gradients summed over the ranks, AdamW step) of the tiny
+    Flux under diffusers' ring, Ulysses and unified attention: loss, gradients and updated weights equal one
+    CPU step (fp32, atol 1e-4) on every rank. Ring needs hf_tpu's native backward op (diffusers' own
+    differentiates every ring step against the local keys/values: wrong gradients)."""
+    results = run_job("diffusers_cp", ranks, args=(configs,), timeout=600, extra_env={"HF_HUB_OFFLINE": "1"})
+    assert _passed(results) == [len(configs.split(","))] * ranks, report(results)

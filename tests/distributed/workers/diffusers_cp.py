@@ -1,10 +1,11 @@
 """diffusers' own `enable_parallelism` under torchrun on tpu_dist (argv: rank world_size configs), each rank
 checking the tpu output against one CPU process; exits 1 listing every failed check.
 
-`configs` is a comma list of ring, ulysses, tp (the tiny Flux transformer's forward), the same with
--compiled (after `model.compile(backend="tpu")`, called twice), with -load (`from_pretrained(path,
-parallel_config=...)`) and with -pipe (a whole FluxPipeline generation). Every rank builds the same model from the same seed, so the
-weights agree without a broadcast; diffusers shards the sequence (context parallel: its `_cp_plan` hooks,
+`configs` is a comma list of ring, ulysses, unified (ring_degree=2 x ulysses_degree=world/2), tp (the tiny
+Flux transformer's forward), the same with -compiled (after `model.compile(backend="tpu")`, called twice), with
+-load (`from_pretrained(path, parallel_config=...)`), with -pipe (a whole FluxPipeline generation) and with
+-train (one training step, gradients summed over the ranks). Every rank builds the same model from the same
+seed, so the weights agree without a broadcast; diffusers shards the sequence (context parallel: its `_cp_plan` hooks,
 ring attention's all_gather, Ulysses' all_to_all_single) or the weights (tensor parallel: DTensor through
 `parallelize_module`), and every rank ends with the whole output.
 """
@@ -40,6 +41,8 @@ def parallel_config(name: str):
         return ContextParallelConfig(ring_degree=world)
     if kind == "ulysses":
         return ContextParallelConfig(ulysses_degree=world)
+    if kind == "unified":  # diffusers' unified attention: Ulysses inside each ring step
+        return ContextParallelConfig(ring_degree=2, ulysses_degree=world // 2)
     if kind == "tp":
         return TensorParallelConfig(tp_degree=world)
     raise ValueError(f"unknown config {name!r}")
@@ -96,7 +99,7 @@ def _check_split(name: str, model, seen: list | None) -> None:
     DTensors sharded over the ranks."""
     from torch.distributed.tensor import DTensor, Shard
 
-    if name.startswith(("ring", "ulysses")):
+    if name.startswith(("ring", "ulysses", "unified")):
         assert seen is None or seen == [("Tensor", (1, 64 // world, 32), "tpu")], (
             seen
         )  # 64 tokens of width 32
@@ -139,9 +142,12 @@ def _compile_counts() -> tuple[int, int, int, int]:
 def _check_one_program(name: str, before: tuple, after: tuple) -> None:
     """`model.compile(backend="tpu")` of the parallel model: one graph without breaks, its collectives
     (all_to_all_single / all_gather / DTensor's all_reduce) inside it, compiled once into one SPMD program
-    over the ranks that both calls ran (the second compiles nothing)."""
+    over the ranks that both calls ran (the second compiles nothing); unified attention: see below."""
     delta = tuple(a - b for a, b in zip(after, before, strict=True))
-    assert delta == (1, 2, 1, 0), f"{name}: (programs, calls, graphs, breaks) grew by {delta}"
+    # unified attention's collectives run over two groups (the ring's ranks and the Ulysses ranks), which one
+    # SPMD program over one group cannot hold: the graph stays whole and runs op by op (compiled.spmd_plan)
+    expected = (0, 0, 1, 0) if name.startswith("unified") else (1, 2, 1, 0)
+    assert delta == expected, f"{name}: (programs, calls, graphs, breaks) grew by {delta}"
 
 
 def _from_rank0(t: torch.Tensor) -> torch.Tensor:
@@ -149,6 +155,44 @@ def _from_rank0(t: torch.Tensor) -> torch.Tensor:
     t = t.clone()
     dist.broadcast(t, src=0)
     return t
+
+
+def train(name: str) -> None:
+    """One training step (forward, MSE loss, backward, AdamW step) of the tiny Flux transformer under `name`'s
+    context-parallel config. Each rank's backward covers its own tokens, so the gradients are summed over the
+    ranks (the all_reduce data parallelism would do); then loss, every gradient and every updated weight equal
+    one CPU step. Ring steps' gradients come from hf_tpu's native backward op (diffusers' ignores the step's
+    keys/values)."""
+    torch.manual_seed(0)
+    cpu = zoo.flux_transformer().train()
+    model = zoo.flux_transformer().train()
+    model.load_state_dict(cpu.state_dict())
+    model = model.to("tpu")
+    model.enable_parallelism(config=parallel_config(name))
+    inputs = zoo.flux_transformer_inputs()
+    target = torch.randn(1, 64, 4, generator=torch.Generator().manual_seed(1))
+    expected = _train_step(cpu, inputs, target)
+    on_tpu = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    got = _train_step(model, on_tpu, target.to("tpu"), world_sum=True)
+    for (what, tensors), (_, wanted) in zip(got, expected, strict=True):
+        for key, tensor in tensors.items():
+            torch.testing.assert_close(
+                tensor, wanted[key], atol=ATOL, rtol=0, msg=lambda m, w=what, k=key: f"{w} {k}: {m}"
+            )
+
+
+def _train_step(model, inputs: dict, target, world_sum: bool = False) -> list:
+    """[("loss", ...), ("grad", ...), ("weight", ...)] of one AdamW step, each a dict of CPU tensors."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = torch.nn.functional.mse_loss(model(**inputs)[0], target)
+    loss.backward()
+    if world_sum:
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+    grads = {n: p.grad.cpu() for n, p in model.named_parameters()}
+    optimizer.step()
+    weights = {n: p.detach().cpu() for n, p in model.named_parameters()}
+    return [("loss", {"": loss.detach().cpu()}), ("grad", grads), ("weight", weights)]
 
 
 def pipeline(name: str) -> None:
@@ -173,6 +217,8 @@ def pipeline(name: str) -> None:
 for config in configs:
     if config.endswith("-pipe"):
         check.run(f"{config}: FluxPipeline generation", lambda c=config: pipeline(c))
+    elif config.endswith("-train"):
+        check.run(f"{config}: training step", lambda c=config: train(c))
     else:
         check.run(f"{config}: setup", lambda c=config: transformer_forward(c))
 dist.barrier()
