@@ -43,12 +43,15 @@ def _raw_program(op: str, n: int, per_rank: int):
 
     from hf_tpu.runtime.distributed import programs
 
-    body = programs.all_reduce_body("sum", "float", n) if op == "all_reduce" else programs.all_gather_body()
+    if op == "all_reduce":
+        body = programs.all_reduce_body("sum", "float", n)
+    else:  # as all_gather_into_tensor: the gathered blocks come out as one (n * per_rank,) tensor
+        body = programs.reshaped(programs.all_gather_body(), None, (n * per_rank,))
     ranks = tuple(range(n))
     block = jax.numpy.ones((per_rank,), jax.numpy.float32)
-    program, _ = programs._flat_program(ranks, body, ((per_rank,),), (block.dtype,))
-    global_block = programs._flat_global(ranks, block)
-    return lambda: program(global_block).block_until_ready()
+    program, _ = programs.block_program(ranks, body, ((per_rank,),), (block.dtype,))
+    global_block = programs.flat_global(ranks, block)
+    return lambda: program(global_block)[0].block_until_ready()
 
 
 def worker(rounds: int, max_bytes: int) -> None:

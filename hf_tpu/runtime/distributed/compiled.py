@@ -202,48 +202,39 @@ class SpmdProgram:
             )
 
     def _program(self, args: tuple):
-        """(the jitted shard_map for these arguments' statics, shapes and dtypes, the dynamic arguments)."""
-        jax = platform.jax()
-        from jax.sharding import PartitionSpec
-
+        """(the program for these arguments' statics, shapes and dtypes, its results' shapes, the dynamic
+        arguments)."""
         statics = tuple((i, a) for i, a in enumerate(args) if i in self._static or a is None)
         dynamic_at = tuple(i for i, a in enumerate(args) if not (i in self._static or a is None))
         dynamic = [args[i] for i in dynamic_at]
-        key = (statics, dynamic_at, tuple((tuple(a.shape), str(a.dtype)) for a in dynamic))
-        compiled = self._compiled.get(key)
-        if compiled is None:
+        shapes = tuple(tuple(a.shape) for a in dynamic)
+        key = (statics, dynamic_at, tuple(zip(shapes, (str(a.dtype) for a in dynamic))))
+        entry = self._compiled.get(key)
+        if entry is None:
             fn, n_args = self._fn, len(args)
             fixed = dict(statics)
 
-            def body(*blocks):
-                full, it = [], iter(blocks)
+            def values_fn(*values):
+                full, it = [], iter(values)
                 for i in range(n_args):
-                    full.append(fixed[i] if i in fixed else next(it)[0])
-                return tuple(o[None] for o in fn(*full))
+                    full.append(fixed[i] if i in fixed else next(it))
+                return tuple(fn(*full))
 
-            spec = PartitionSpec(programs.AXIS)
-            mapped = jax.shard_map(
-                body, mesh=programs.group_mesh(self._ranks), in_specs=(spec,) * len(dynamic), out_specs=spec
-            )
-            compiled = self._compiled[key] = jax.jit(mapped)
+            entry = self._compiled[key] = programs.spmd(self._ranks, values_fn, shapes)
             with _stats_lock:
                 stats["compiled"] += 1
-        return compiled, dynamic
+        return *entry, dynamic
 
     def __call__(self, *args):
-        compiled, dynamic = self._program(args)
+        program, out_shapes, dynamic = self._program(args)
         self._agree(dynamic)
-        outs = compiled(*[programs.to_global(self._ranks, a) for a in dynamic])
+        outs = program(*[programs.flat_global(self._ranks, a) for a in dynamic])
         with _stats_lock:
             stats["calls"] += 1
-        return tuple(programs.local_block(o) for o in outs)
+        return tuple(programs.local_result(o, s) for o, s in zip(outs, out_shapes))
 
     def lower(self, *args):
         """As `jax.jit(...).lower`: the executable for these (abstract) arguments, over the group's mesh
         (`GraphProgram.compiled_text` shows its HLO, collectives included)."""
-        jax = platform.jax()
-        compiled, dynamic = self._program(args)
-        sharding = programs.block_sharding(self._ranks)
-        return compiled.lower(
-            *[jax.ShapeDtypeStruct((len(self._ranks), *a.shape), a.dtype, sharding=sharding) for a in dynamic]
-        )
+        program, _, dynamic = self._program(args)
+        return program.lower(*[programs.global_struct(self._ranks, tuple(a.shape), a.dtype) for a in dynamic])

@@ -185,10 +185,12 @@ class ProcessGroupTPU(PointToPoint, dist.ProcessGroup):
             results.append(y)
         return self._work(results, list(tensors), "reduce")
 
-    def _reduce_scatter(self, stacked, like: torch.Tensor, op, collective: str):
+    def _reduce_scatter(self, stacked, like: torch.Tensor, op, collective: str, in_shape=None):
+        """`stacked` (G, *like.shape), or with `in_shape` (G, *like.shape) any array of as many elements,
+        reduced over the ranks: this rank's part, shaped like `like`."""
         name, factor = reduce_ops.resolve(op, like.dtype, collective)
         body = programs.reduce_scatter_body(name, self._kind(like.dtype), len(self._ranks), factor)
-        return self._run(body, stacked)
+        return self._run(programs.reshaped(body, in_shape, tuple(like.shape)), stacked)
 
     def reduce_scatter(self, outputs, input_lists, opts=None):
         opts = opts or dist.ReduceScatterOptions()
@@ -207,7 +209,6 @@ class ProcessGroupTPU(PointToPoint, dist.ProcessGroup):
         for out, inputs in zip(outputs, input_lists):
             stacked = jnp.stack([to_jax(t) for t in inputs])
             y = self._reduce_scatter(stacked, out, opts.reduceOp, "reduce_scatter")
-            y = y.reshape(tuple(out.shape))
             write(out, y)
             results.append(y)
         return self._work(results, list(outputs), "reduce_scatter")
@@ -228,9 +229,8 @@ class ProcessGroupTPU(PointToPoint, dist.ProcessGroup):
             return {"input_shape": list(input.shape), "output_shape": sig.pop("shape"), **sig}
 
         self._agree("reduce_scatter_tensor", validate, _equal_except("input_shape"))
-        x = to_jax(input).reshape((g, *tuple(output.shape)))
-        y = self._reduce_scatter(x, output, opts.reduceOp, "reduce_scatter_tensor").reshape(
-            tuple(output.shape)
+        y = self._reduce_scatter(
+            to_jax(input), output, opts.reduceOp, "reduce_scatter_tensor", in_shape=(g, *tuple(output.shape))
         )
         write(output, y)
         return self._work([y], [output], "reduce_scatter_tensor")
@@ -285,7 +285,8 @@ class ProcessGroupTPU(PointToPoint, dist.ProcessGroup):
             return signature([input])
 
         self._agree("all_gather_into_tensor", validate)
-        y = self._gathered(input).reshape(tuple(output.shape))
+        body = programs.reshaped(programs.all_gather_body(), None, tuple(output.shape))
+        y = self._run(body, to_jax(input))
         write(output, y)
         return self._work([y], [output], "all_gather_into_tensor")
 
@@ -467,8 +468,10 @@ class ProcessGroupTPU(PointToPoint, dist.ProcessGroup):
         else:  # one path for every rank: even only when every chunk of every rank has one length
             even = len({n for s in sigs for n in (*s["input_split_sizes"], *s["output_split_sizes"])}) == 1
         if even:
-            x = to_jax(input).reshape((g, input.shape[0] // g, *tuple(input.shape[1:])))
-            y = self._run(programs.all_to_all_body(), x).reshape(tuple(output.shape))
+            blocks = (g, input.shape[0] // g, *tuple(input.shape[1:]))
+            y = self._run(
+                programs.reshaped(programs.all_to_all_body(), blocks, tuple(output.shape)), to_jax(input)
+            )
             write(output, y)
             return self._work([y], [output], "all_to_all_single")
         longest = None

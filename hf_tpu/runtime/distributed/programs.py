@@ -1,7 +1,7 @@
 """The JAX programs behind tpu_dist: one `jit(shard_map(...))` per collective over a group's global mesh.
 
 A group of ranks is a 1-D mesh (axis "ranks") of one chip per process, in group-rank order; each process
-contributes its value as its block of a global array (`jax.make_array_from_single_device_arrays`, no host
+contributes its value as its block of a global array (`jax.make_array_from_single_device_arrays`, no
 copy) and gets its block of the result back. The collectives inside are JAX's (`psum`, `all_gather`,
 `all_to_all`, `ppermute`): gloo between processes on JAX's CPU platform, ICI/DCN on TPU. Programs are
 cached per (collective, group, shapes, dtype, op).
@@ -42,65 +42,46 @@ def block_sharding(ranks: tuple):
     return NamedSharding(group_mesh(ranks), PartitionSpec(AXIS))
 
 
-@cache
-def _jitted(ranks: tuple, body: Callable, n_inputs: int):
-    jax = platform.jax()
-    from jax.sharding import PartitionSpec
-
-    spec = PartitionSpec(AXIS)
-    mapped = jax.shard_map(body, mesh=group_mesh(ranks), in_specs=(spec,) * n_inputs, out_specs=spec)
-    return jax.jit(mapped)
-
-
-def to_global(ranks: tuple, a):
-    """This process's array `a` as its block of a global (G, *a.shape) array over the group's mesh."""
-    jax = platform.jax()
-    a = jax.device_put(a, process_chip(jax.process_index()))
-    block = a.reshape((1,) + tuple(a.shape))
-    return jax.make_array_from_single_device_arrays(
-        (len(ranks),) + tuple(a.shape), block_sharding(ranks), [block]
-    )
-
-
-def local_block(out):
-    """This process's block of a global result, without its leading 1."""
-    local = out.addressable_shards[0].data
-    return local.reshape(tuple(local.shape[1:]))
-
-
 # eager collective programs run so far (a compiled graph's collectives do not add to it)
 stats = {"runs": 0}
 
 
-def _flat_block(shape: tuple) -> tuple:
-    """A block's shape in the flat layout: the value's own shape, or (1,) for a scalar."""
-    return shape if shape else (1,)
+def flat_block(shape: tuple) -> tuple:
+    """A rank's block in the flat layout: its value's own shape, or (1,) for a scalar. A global array is
+    the ranks' blocks concatenated on dim 0, so building it and reading a rank's result back copy nothing
+    (a leading axis of 1 would cost an eager reshape of the whole message on each side)."""
+    return tuple(shape) if shape else (1,)
 
 
-@cache
-def _flat_program(ranks: tuple, body: Callable, shapes: tuple, dtypes: tuple):
-    """`body` as a program whose blocks are the ranks' arrays themselves, concatenated on dim 0 (no
-    leading 1): the reshapes to and from `body`'s (1, *shape) blocks happen inside the program, where they
-    are free, instead of as eager copies of the whole message before and after it. Returns the jitted
-    program and the shape of this rank's result."""
+def global_struct(ranks: tuple, shape: tuple, dtype):
+    """The abstract global array whose blocks are values of `shape` (for `lower`)."""
+    jax = platform.jax()
+    block = flat_block(shape)
+    return jax.ShapeDtypeStruct((len(ranks) * block[0], *block[1:]), dtype, sharding=block_sharding(ranks))
+
+
+def spmd(ranks: tuple, fn: Callable, shapes: tuple) -> tuple:
+    """`fn` (one rank's values -> a tuple of that rank's results, collectives over `AXIS` inside) as one
+    jitted `shard_map` over the group's mesh in the flat layout; the reshapes between blocks and values
+    happen inside the program. Returns (the program, a list that holds the results' shapes once it has
+    been traced)."""
     jax = platform.jax()
     from jax.sharding import PartitionSpec
 
-    spec = PartitionSpec(AXIS)
-    n = len(ranks)
-    stacked = [jax.ShapeDtypeStruct((n,) + s, d) for s, d in zip(shapes, dtypes)]
-    out_shape = tuple(jax.eval_shape(_jitted(ranks, body, len(shapes)), *stacked).shape[1:])
+    out_shapes: list = []
 
     def flat(*blocks):
-        y = body(*(b.reshape((1,) + s) for b, s in zip(blocks, shapes)))
-        return y.reshape(_flat_block(out_shape))
+        outs = fn(*(b.reshape(s) for b, s in zip(blocks, shapes)))
+        out_shapes[:] = [tuple(o.shape) for o in outs]
+        return tuple(o.reshape(flat_block(o.shape)) for o in outs)
 
+    spec = PartitionSpec(AXIS)
     mapped = jax.shard_map(flat, mesh=group_mesh(ranks), in_specs=(spec,) * len(shapes), out_specs=spec)
-    return jax.jit(mapped), out_shape
+    return jax.jit(mapped), out_shapes
 
 
-def _flat_global(ranks: tuple, a):
-    """This process's array `a` as its block of a global array concatenating every rank's on dim 0."""
+def flat_global(ranks: tuple, a):
+    """This process's array `a` as its block of the group's global array (no copy on its own chip)."""
     jax = platform.jax()
     a = jax.device_put(a, process_chip(jax.process_index()))
     if a.ndim == 0:
@@ -109,19 +90,51 @@ def _flat_global(ranks: tuple, a):
     return jax.make_array_from_single_device_arrays(shape, block_sharding(ranks), [a])
 
 
+def local_result(out, shape: tuple):
+    """This process's result of shape `shape` from a global result in the flat layout."""
+    local = out.addressable_shards[0].data
+    return local if shape else local.reshape(())
+
+
+@cache
+def _values_fn(body: Callable) -> Callable:
+    """A block body ((1, *shape) blocks in, one block out) as a function of values for `spmd`."""
+
+    def fn(*values):
+        return (body(*(v[None] for v in values))[0],)
+
+    return fn
+
+
+@cache
+def block_program(ranks: tuple, body: Callable, shapes: tuple, dtypes: tuple):
+    """`spmd` of a block body (see `run`), cached per group, body, shapes and dtypes."""
+    return spmd(ranks, _values_fn(body), shapes)
+
+
 def run(ranks: tuple, body: Callable, *local_arrays):
     """Run `body` (per-rank blocks of shape (1, *local shape) in, one block out) over the group's mesh;
-    returns this process's block of the result without its leading 1. Dispatch is asynchronous."""
-    program, out_shape = _flat_program(
-        ranks, body, tuple(tuple(a.shape) for a in local_arrays), tuple(a.dtype for a in local_arrays)
-    )
-    out = program(*(_flat_global(ranks, a) for a in local_arrays))
+    returns this process's result without the leading 1. Dispatch is asynchronous."""
+    shapes = tuple(tuple(a.shape) for a in local_arrays)
+    program, out_shapes = block_program(ranks, body, shapes, tuple(a.dtype for a in local_arrays))
+    (out,) = program(*(flat_global(ranks, a) for a in local_arrays))
     stats["runs"] += 1
-    local = out.addressable_shards[0].data
-    return local if out_shape else local.reshape(())
+    return local_result(out, out_shapes[0])
 
 
 # -- bodies: pure functions of the per-rank block, cached so equal collectives share one program ------
+@cache
+def reshaped(body: Callable, in_shape: tuple | None, out_shape: tuple) -> Callable:
+    """`body` with its block reshaped to (1, *in_shape) before (unless None) and its result to
+    (1, *out_shape) after, inside the program: an eager reshape would copy the whole message."""
+
+    def wrapped(x):
+        y = body(x if in_shape is None else x.reshape((1, *in_shape)))
+        return y.reshape((1, *out_shape))
+
+    return wrapped
+
+
 @cache
 def all_reduce_body(op: str, kind: str, group_size: int, factor: float | None = None) -> Callable:
     """x -> the reduction of every rank's x (`op` one of sum/avg/max/min/product/premul_sum/band/bor/bxor;

@@ -316,6 +316,32 @@ def any_source():
 check.run("recv from any source", any_source)
 
 
+def edge_shapes():
+    """0-d and empty tensors through the collectives (a scalar block is (1,) in the programs' layout)."""
+    xs = inputs((), torch.float32)
+    t = tpu(xs[rank])
+    dist.all_reduce(t)
+    assert t.shape == () and torch.allclose(t.cpu(), reduce_cpu(xs, "sum")), (t, xs)
+    out = torch.empty(world, device="tpu")
+    dist.all_gather_into_tensor(out, tpu(xs[rank]))
+    assert torch.equal(out.cpu(), torch.stack(xs)), (out, xs)
+    t = tpu(xs[rank])
+    dist.broadcast(t, src=world - 1)
+    assert t.shape == () and torch.equal(t.cpu(), xs[world - 1])
+    empty = torch.empty((0, 3), device="tpu")
+    dist.all_reduce(empty)
+    assert empty.shape == (0, 3)
+    gathered = torch.empty((0, 3), device="tpu")
+    dist.all_gather_into_tensor(gathered, torch.empty((0, 3), device="tpu"))
+    assert gathered.shape == (0, 3)
+    parts = [torch.empty((0, 3), device="tpu") for _ in range(world)]
+    dist.all_gather(parts, torch.empty((0, 3), device="tpu"))
+    assert all(p.shape == (0, 3) for p in parts)
+
+
+check.run("0-d and empty tensors", edge_shapes)
+
+
 def devices():
     assert torch.tpu.device_count() == 1, torch.tpu.device_count()
     t = torch.ones(2, device=f"tpu:{local_rank}")
