@@ -524,14 +524,17 @@ def ring_step_grads(grad_out, query, key, value, out, lse, scale=None):
 def _wrap_native_backward_op(original):
     """diffusers' ring attention backward calls the backward op once per ring step with that step's key/value
     and the ring's whole output and logsumexp; the native op ignores them and differentiates attention over the
-    saved local chunk again (upstream this never runs: the native forward op refuses the logsumexp ring needs;
-    on CPU with that answered, gradients are off by ~3e-3 on the tiny Flux, while Ulysses, which calls it
-    without them, is exact). On tpu, given them, the step's gradients are computed from them."""
+    saved local chunk again, which gives wrong gradients (upstream this never runs: its forward op refuses the
+    logsumexp ring needs). On tpu, given them, the step's gradients are computed from them."""
 
     @functools.wraps(original)
     def _native_attention_backward_op(ctx, grad_out, *args, **kwargs):
         ring = {"query", "key", "value", "out", "lse"} <= kwargs.keys()
-        if not (ring and grad_out.device.type == "tpu") or ctx.attn_mask is not None or ctx.is_causal:
+        plain = ctx.attn_mask is None and not ctx.is_causal and not ctx.dropout_p
+        plain = plain and not getattr(
+            ctx, "enable_gqa", False
+        )  # ring_step_grads: equal heads, no mask/dropout
+        if not (ring and plain and grad_out.device.type == "tpu"):
             return original(ctx, grad_out, *args, **kwargs)
         names = ("query", "key", "value", "out", "lse")
         return ring_step_grads(grad_out, *(kwargs[n] for n in names), scale=ctx.scale)

@@ -140,9 +140,10 @@ def patch_model_loading_utils(module: ModuleType) -> None:
 
 
 def _several_chips() -> bool:
-    from hf_tpu.runtime.buffers import platform
+    """Whether the mesh has several chips (this process's, or the job's under HF_TPU_MESH=global)."""
+    from hf_tpu.runtime.buffers import placement
 
-    return len(platform.devices()) > 1
+    return len(placement.chips()) > 1
 
 
 def _targets_tpu(device_map) -> bool:

@@ -171,7 +171,7 @@ def _global_mesh() -> bool:
     (not transformers' DTensor tensor parallelism over the process group)."""
     from hf_tpu.runtime.buffers import global_mesh
 
-    return global_mesh.requested() and global_mesh.active()
+    return global_mesh.enabled()
 
 
 def _single_controller_tp_plan(kwargs: dict):

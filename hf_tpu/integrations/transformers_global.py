@@ -21,7 +21,7 @@ from hf_tpu.integrations.patching import patch
 def _global_mesh() -> bool:
     from hf_tpu.runtime.buffers import global_mesh
 
-    return global_mesh.requested() and global_mesh.active()
+    return global_mesh.enabled()
 
 
 def host_state_dict(state_dict: dict) -> dict:
@@ -51,6 +51,14 @@ def _wrap_gather(original):
         state_dict = original(self, model_to_save, state_dict, distributed_config, **kwargs)
         if not _global_mesh():
             return state_dict
+        if getattr(self, "_hf_peft_config_loaded", False):
+            # the saving rank reads the adapter's weights, the others the whole model's: every process must
+            # read the same tensors in the same order, or the gathers wait on each other forever
+            raise NotImplementedError(
+                "hf_tpu: save_pretrained of a model with PEFT adapters under HF_TPU_MESH=global is not "
+                "supported (the processes would read different weights). Save the adapter with "
+                "peft's get_peft_model_state_dict(model) read to cpu in every process, then write it from rank 0"
+            )
         gathered = host_state_dict(state_dict)
         return gathered if kwargs.get("save_on_this_rank", True) else {}
 

@@ -63,13 +63,20 @@ def active() -> bool:
     )
 
 
+def enabled() -> bool:
+    """Whether this process runs under the global mesh: asked for and part of a job."""
+    return requested() and active()
+
+
 def mesh_devices() -> tuple:
-    """The chips a mesh is built from: every process's under the global mesh, else this process's."""
+    """The chips a mesh is built from: every process's under the global mesh (process by process, so each
+    process's chips are neighbours on the mesh axis), else this process's."""
     if not active():
         return platform.devices()
     jax = platform.jax()
     forced = platform.requested_platform()
-    return tuple(jax.devices(backend=forced) if forced else jax.devices())
+    chips = jax.devices(backend=forced) if forced else jax.devices()
+    return tuple(sorted(chips, key=lambda d: (d.process_index, d.id)))
 
 
 def from_host(array: np.ndarray, sharding, copy: bool):

@@ -37,7 +37,7 @@ def _on_global_mesh(t: torch.Tensor) -> bool:
     """Whether `t`'s buffer is a global array split or copied over other processes' chips."""
     from hf_tpu.runtime.buffers import global_mesh
 
-    if not global_mesh.requested() or not global_mesh.active():
+    if not global_mesh.enabled():
         return False
     from hf_tpu.runtime.buffers.storage import REGISTRY
     from hf_tpu.runtime.launch import lazy
