@@ -155,20 +155,12 @@ def test_flux_context_parallel_ring_compiled(saved):
 
 def test_flux_enable_parallelism_ulysses_without_process_group_eager_and_compiled(saved, monkeypatch):
     from diffusers import ContextParallelConfig
-    from diffusers.models import attention_dispatch
 
     with hf_tpu.use_mesh((2, 4), ("context", "model")):
         pipe = _load(saved, "flux")  # weights: tp over "model"
         assert hf_tpu.sharding(pipe.transformer.transformer_blocks[0].attn.to_q.weight) == ("model", None)
         pipe.transformer.enable_parallelism(config=ContextParallelConfig(ulysses_degree=2))
-        layouts: list = []
-        original = attention_dispatch._native_attention_forward_op
-
-        def forward_op(ctx, query, *args, **kwargs):
-            layouts.append(hf_tpu.sharding(query))
-            return original(ctx, query, *args, **kwargs)
-
-        monkeypatch.setattr(attention_dispatch, "_native_attention_forward_op", forward_op)
+        layouts = _record_attention(monkeypatch)
         _run_matches_cpu(saved, "flux", pipe)
         # Ulysses: attention sees (batch, seq, heads, dim) split by heads, the all-to-all done by XLA
         assert layouts and all(spec[2] == "context" and spec[1] is None for spec in layouts), layouts
@@ -263,6 +255,7 @@ def _check_training_step(config: str, compiled: bool = False) -> None:
     with hf_tpu.use_mesh(shape, names):
         model.to("tpu").enable_parallelism(config=ContextParallelConfig(**degrees))
         seen: list = []
+        before = {p.name for p in hf_tpu.compiled_programs()}
         if compiled:
             model.compile(backend="tpu")
         else:
@@ -270,7 +263,11 @@ def _check_training_step(config: str, compiled: bool = False) -> None:
         on_tpu = {k: v.to("tpu") if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         got = _train_step(model, on_tpu, target.to("tpu"))
     split = names[:-1] if config == "unified" else names[0]
-    assert compiled or (seen and seen[0][1] == split), seen  # the image tokens entered the block split
+    if compiled:  # the split reaches XLA as sharding constraints (forward and backward graphs)
+        texts = [p.compiled_text() for p in hf_tpu.compiled_programs() if p.name not in before]
+        assert any("sharding_constraint" in t for t in texts), [len(t) for t in texts]
+    else:
+        assert seen and seen[0][1] == split, seen  # the image tokens entered the block split
     for tensors, wanted in zip(got, expected, strict=True):
         for name, tensor in tensors.items():
             torch.testing.assert_close(
