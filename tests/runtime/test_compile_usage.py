@@ -213,6 +213,35 @@ def test_a_convolution_in_a_scan_body_is_written_channels_last_and_matches_cpu()
     assert labels and set(labels) == {"b01f_01io->b01f"}, labels
 
 
+def test_attention_in_a_scan_body_is_the_fused_op_and_matches_cpu():
+    """A scan body is traced below autograd, where the tpu kernel of F.scaled_dot_product_attention is not
+    consulted: without the graph decomposition it became CPU's math path (bmm, _safe_softmax, bmm)."""
+    import hf_tpu
+
+    def f(q, xs):
+        return scan(lambda c, x: ((F.scaled_dot_product_attention(c, c, c) + x).tanh(), c.sum()), q, xs)
+
+    q, xs = torch.randn(2, 4, 16, 8), torch.randn(3, 2, 4, 16, 8)
+    want = f(q, xs)
+    before = {p.name for p in hf_tpu.compiled_programs()}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = torch.compile(f, backend="tpu", fullgraph=True)(*_tpu(q, xs))
+    _assert_compiled_whole(record)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    targets = {
+        str(n.target)
+        for p in hf_tpu.compiled_programs()
+        if p.name not in before
+        for gm in p.gm.modules()
+        if isinstance(gm, torch.fx.GraphModule)
+        for n in gm.graph.nodes
+    }
+    assert "aten._scaled_dot_product_fused_attention_overrideable.default" in targets, targets
+    assert "aten._safe_softmax.default" not in targets, targets
+
+
 def test_nested_compile_region_matches_cpu():
     @torch.compiler.nested_compile_region
     def block(x, w):

@@ -102,6 +102,9 @@ def _decompositions() -> dict:
     # backend using core_aten_decompositions). CPU-only graphs run in PyTorch, so keep the op whole.
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
     return table
+    from hf_tpu.runtime.lowerings import attention
+
+    table[torch.ops.aten.scaled_dot_product_attention.default] = attention.graph_decomposition
 
 
 def _spec(node) -> tuple | None:

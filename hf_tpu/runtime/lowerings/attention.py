@@ -320,6 +320,20 @@ def scaled_dot_product_attention(
     return out[0]
 
 
+def graph_decomposition(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
+):
+    """`aten::scaled_dot_product_attention` met by graph tracing below autograd (the body of a compiled
+    scan, while_loop or map: the kernels above are not consulted there) is the tpu kernel's one fused op,
+    not CPU's math path, which materializes the whole (L, S) matrix (a whole-loop UNet's 2x8x1024x1024
+    softmax: ~44 ms a step, where the blocked attention takes a few). Other devices: torch's own."""
+    if query.device.type != "tpu":
+        return NotImplemented
+    return scaled_dot_product_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+    )
+
+
 _library = None
 
 
