@@ -167,7 +167,19 @@ def _parts(params: dict[str, Any], cfg: Any) -> set[str]:
         parts.add("video" if config_get(cfg, "num_frames") and "text" not in parts else "image")
     elif "pixel_values_videos" in params and "text" not in parts:
         parts.add("video")
+    if "text" in parts:
+        # optional towers the config leaves out (Gemma 4's class defaults have no vision_config or
+        # audio_config, so the model builds no vision tower): the forward still names their inputs
+        if _absent(cfg, "vision_config"):
+            parts -= {"image", "video"}
+        if _absent(cfg, "audio_config"):
+            parts.discard("audio")
     return parts or {"text"}
+
+
+def _absent(cfg: Any, name: str) -> bool:
+    """The config declares the sub-config ``name`` and leaves it None (an optional tower left out)."""
+    return name in getattr(cfg, "sub_configs", {}) and getattr(cfg, name, None) is None
 
 
 def _model_config(model: Any) -> Any:
@@ -279,6 +291,10 @@ def _text_inputs(model, plan, cfg, params, gen, batch, seq) -> dict[str, Any]:
         # BART-style heads pool the hidden state at the last <eos> (a tokenizer ends every text with one)
         if isinstance(eos, int) and 0 <= eos < int(vocab):
             out["input_ids"][..., -1] = eos
+    qid = config_get(cfg, "question_token_id")
+    if "question_positions" in params and isinstance(qid, int) and 0 <= qid < int(vocab):
+        # Splinter's span heads find the questions by their [QUESTION] token (one per sample at least)
+        out["input_ids"][..., 1] = qid
     if "attention_mask" in params:
         out["attention_mask"] = torch.ones(shape, dtype=torch.long)
     if "token_type_ids" in params and (config_get(tcfg, "type_vocab_size") or 0) > 0:

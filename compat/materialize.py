@@ -304,6 +304,7 @@ def _plan_transformers(entry: dict[str, Any], tier: str, resolved: Any = None) -
         _ov.apply_config_patch(shrunk, _ov.override_for(model_type).config)
         _no_cache(shrunk)
         _pad_for_pooling(shrunk, cls.__name__)
+        _encoder_only(shrunk, cls.__name__)
         shrunk["architectures"] = [cls.__name__]
         try:
             effective = type(config).from_dict(shrunk).to_dict()
@@ -360,6 +361,14 @@ def _pad_for_pooling(config: dict[str, Any], class_name: str) -> None:
             level["pad_token_id"] = eos
         elif isinstance(vocab, int) and vocab > 0:
             level["pad_token_id"] = vocab - 1
+
+
+def _encoder_only(config: dict[str, Any], class_name: str) -> None:
+    """Encoder-only classes of encoder-decoder model types (T5GemmaEncoderModel) are saved with
+    is_encoder_decoder=False, as their checkpoints are; the config-class default says True, which
+    T5Gemma's encoder refuses (T5-style encoders copy the config and clear the flag themselves)."""
+    if class_name.endswith("EncoderModel") and config.get("is_encoder_decoder") is True:
+        config["is_encoder_decoder"] = False
 
 
 def _one_line(exc: BaseException) -> str:

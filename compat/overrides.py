@@ -67,6 +67,17 @@ OVERRIDES: dict[str, Override] = {
     # LFM2-MoE's config class leaves layer_types None (its checkpoints list them) while the decoder
     # indexes it per layer: one short-convolution layer and one attention layer, the two kinds it has.
     "lfm2_moe": Override(config={"layer_types": ["conv", "full_attention"]}),
+    # Llama4ForConditionalGeneration.forward builds its ModelOutput from `outputs.image_outputs`, which
+    # the language model's MoeCausalLMOutputWithPast never has: an AttributeError on every call
+    # (transformers 5.23). Its tuple branch works, but @capture_outputs pops the return_dict kwarg, so
+    # the body only takes that branch when the config says return_dict=False (the wrapper, given
+    # return_dict=True by the input builder, then hands the tuple back as is).
+    "llama4": Override(config={"return_dict": False}),
+    # Qwen2.5-Omni's thinker finds images for M-RoPE by vision_start_token_id (get_rope_index reads
+    # it), a field its config class does not declare (checkpoints set 151652). Patched after shrinking:
+    # an id inside the shrunk vocabulary, clear of the special ids remapped to its top (the input builder
+    # keeps every *_token_id out of the random text).
+    "qwen2_5_omni_thinker": Override(config={"vision_start_token_id": 900}),
     # Probabilistic forecasters: the default config leaves prediction/context lengths unset.
     "time_series_transformer": Override(config={"prediction_length": 4, "context_length": 8}),
     "informer": Override(config={"prediction_length": 4, "context_length": 8}),

@@ -120,6 +120,7 @@ WIDTH_LIKE_KEYS = (
     "projection_size",
     "reassemble_hidden_size",  # DPT-style necks (Depth Anything): the backbone width
     "pooler_hidden_size",  # DeBERTa's ContextPooler: a square dense over the hidden state
+    "condition_dim",  # flow/diffusion heads conditioned on a backbone's hidden state (PocketTTS)
 )
 STAGE_CHANNEL_KEYS = (
     "hidden_sizes",
@@ -509,6 +510,7 @@ def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
         v = d.get(key)
         if _int(v) and v > 0 and key != plan.width_key:
             d[key] = ctx.width_map.get(v) or min(v, _round_to(v * ratio, 8) if ratio < 1 else 64)
+    _tie_pixel_shuffle(d)
     # LayoutLMv2/v3 spatial embeddings: x0, y0, x1, y1 (coordinate_size each) and h, w (shape_size each)
     # are concatenated into the hidden width
     c, sz, w = d.get("coordinate_size"), d.get("shape_size"), plan.new_width
@@ -554,6 +556,24 @@ def _shrink_widths(d: dict[str, Any], ctx: _Ctx, plan: _WidthPlan) -> None:
         if key != plan.width_key and plan.width_key and isinstance(stages, list) and stages:
             if plan.old_width == stem * 2 ** (len(stages) - 1):
                 d[plan.width_key] = d[key] * 2 ** (len(stages) - 1)
+
+
+def _tie_pixel_shuffle(d: dict[str, Any]) -> None:
+    """Pixel-shuffle vision adapters (Llama 4): the shuffle folds 1 / ratio**2 patches into one, so the
+    adapter's first linear takes hidden_size / ratio**2 (its intermediate_size) and maps it to
+    projector_input_dim; the second is square over projector_output_dim, which the multimodal projector
+    then takes as vision_output_dim. The config-class defaults break all three ties (768 / 0.25 != 5632,
+    4096 != 7680); checkpoints keep them. Tie them to the shrunk width."""
+    r, width = d.get("pixel_shuffle_ratio"), d.get("hidden_size")
+    if not (isinstance(r, float | int) and 0 < r < 1 and _int(width) and "projector_input_dim" in d):
+        return
+    inner = width / (r * r)
+    if inner != int(inner):
+        return
+    d["intermediate_size"] = int(inner)
+    for key in ("projector_input_dim", "projector_output_dim", "vision_output_dim"):
+        if _int(d.get(key)):
+            d[key] = width
 
 
 def _shrink_mamba(d: dict[str, Any]) -> None:

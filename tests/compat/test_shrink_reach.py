@@ -271,3 +271,61 @@ def test_seq2seq_classifiers_pool_at_a_final_eos(arch):
     assert (kwargs["input_ids"][:, -1] == model.config.eos_token_id).all()
     assert kwargs["decoder_input_ids"].shape == kwargs["input_ids"].shape  # what the head pools over
     assert _forward(model, plan, kwargs).logits.shape[0] == 2
+
+
+# ------------------------------------------------- shard 7/40 of the 5,000 sample: its six harness errors
+
+
+def test_flow_head_condition_dim_follows_the_backbone_width():
+    # PocketTTS validates flow_head_config.condition_dim == hidden_size (it conditions on the backbone)
+    model, plan = _model("PocketTTSForConditionalGeneration")
+    assert plan.config["flow_head_config"]["condition_dim"] == plan.config["hidden_size"]
+    assert _forward(model, plan, build_inputs(model, plan)).logits.shape[0] == 2
+
+
+def test_pixel_shuffle_adapter_widths_are_tied():
+    # Llama 4: the class defaults break the adapter's ties (768 / 0.25 != 5632, 4096 != 7680)
+    vis = shrink_config_dict(_cfg("llama4"))["vision_config"]
+    r = vis["pixel_shuffle_ratio"]
+    assert vis["intermediate_size"] == vis["hidden_size"] / (r * r)
+    assert vis["projector_input_dim"] == vis["projector_output_dim"] == vis["vision_output_dim"]
+    model, plan = _model("Llama4ForConditionalGeneration", task="image-text-to-text")
+    assert plan.config["return_dict"] is False  # the override around the ModelOutput branch's bug
+    kwargs = build_inputs(model, plan)
+    assert kwargs["return_dict"] is True and "pixel_values" in kwargs
+    out = _forward(model, plan, kwargs)
+    assert isinstance(out, tuple) and out[0].shape[:2] == kwargs["input_ids"].shape
+
+
+def test_encoder_only_class_of_an_encoder_decoder_type():
+    model, plan = _model("T5GemmaEncoderModel")  # refuses is_encoder_decoder=True, the class default
+    assert plan.config["is_encoder_decoder"] is False
+    assert _forward(model, plan, build_inputs(model, plan)).last_hidden_state.shape[0] == 2
+    model, plan = _model("T5EncoderModel")  # T5-style encoders clear the flag themselves: unchanged
+    assert _forward(model, plan, build_inputs(model, plan)).last_hidden_state.shape[0] == 2
+
+
+def test_splinter_text_carries_a_question_token():
+    model, plan = _model("SplinterForPreTraining")
+    kwargs = build_inputs(model, plan)
+    assert (kwargs["input_ids"] == model.config.question_token_id).any(dim=-1).all()
+    assert _forward(model, plan, kwargs).start_logits.shape[0] == 2
+
+
+def test_towers_the_config_leaves_out_get_no_inputs():
+    # Gemma 4's class defaults have no vision or audio config: the model builds no tower for them
+    model, plan = _model("Gemma4ForConditionalGeneration", task="text-generation")
+    assert model.config.vision_config is None and model.config.audio_config is None
+    kwargs = build_inputs(model, plan)
+    assert not {"pixel_values", "input_features"} & set(kwargs)
+    assert _forward(model, plan, kwargs).logits.shape[0] == 2
+
+
+def test_omni_thinker_gets_a_vision_start_token():
+    # get_rope_index reads vision_start_token_id, which the config class does not declare (an override)
+    model, plan = _model("Qwen2_5OmniThinkerModel")
+    start = plan.config["vision_start_token_id"]
+    assert start < plan.config["text_config"]["vocab_size"]
+    kwargs = build_inputs(model, plan)
+    assert (kwargs["input_ids"][:, 0] == start).all() and "image_grid_thw" in kwargs
+    assert _forward(model, plan, kwargs).last_hidden_state.shape[0] == 2
