@@ -52,6 +52,7 @@ from hf_tpu.runtime.compile.graph_outputs import (
     spec_of,
     to_caller,
     user_outputs,
+    wrap_specs,
 )
 from hf_tpu.runtime.compile.graph_rng import (
     GRAPHSAFE_RNG,
@@ -69,7 +70,7 @@ from hf_tpu.runtime.execution.signature import Signature
 from hf_tpu.runtime.launch import rng
 from hf_tpu.runtime.lowerings.table import graph_lowering
 from hf_tpu.runtime.tensors.graph_inputs import array_of, arrays_of
-from hf_tpu.runtime.tensors.tensor import RefProbe, to_jax, write
+from hf_tpu.runtime.tensors.tensor import RefProbe, to_jax, wrap_spec, write
 
 log = logging.getLogger("hf_tpu.compile")
 # aot_autograd threads ops with side effects (`_linalg_check_errors`) through a token: (token, *outputs)
@@ -101,10 +102,10 @@ def _decompositions() -> dict:
     # backward (kept whole) expects the logsumexp: wrong q/k/v gradients in CPU graphs (torch 2.13, any
     # backend using core_aten_decompositions). CPU-only graphs run in PyTorch, so keep the op whole.
     table.pop(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default, None)
-    return table
     from hf_tpu.runtime.lowerings import attention
 
     table[torch.ops.aten.scaled_dot_product_attention.default] = attention.graph_decomposition
+    return table
 
 
 def _spec(node) -> tuple | None:
@@ -122,11 +123,18 @@ class GraphProgram:
     ) -> None:
         self.gm = gm
         self.name = name
+        self._n_outputs = len(output_nodes(gm))  # what the caller sees (`_in_graph_mutations` adds more)
+        # inputs the graph itself overwrites (`copy_` into a placeholder): their new values become extra
+        # outputs, stored into the inputs by `__call__` (donated where safe), not by a copy_ per input
+        written = _in_graph_mutations(gm)
+        donation_plan = tuple(donation_plan) + written
         # as_strided of views reads their storage's root; what the values cannot answer runs op by op
         self.missing = strided_reads.resolve(gm) + self._find_missing()
         # (input index, index of the output that becomes its new value): see `donation_plan`
         self.donation_plan = donation_plan
         self.mutations = donation_plan  # the same pairs, kept when donation is turned off
+        # the pairs nobody but `__call__` stores (aot_autograd's write-back stores the others)
+        self._written = written
         # functional collectives: the graph runs as one SPMD program over their group (distributed/compiled.py)
         self._spmd, why_not = spmd.spmd_plan(gm)
         if why_not:
@@ -137,9 +145,11 @@ class GraphProgram:
         self.n_random = _count_draws(gm)
         # how each output is produced, and the nodes the jitted program returns (`plan_outputs`)
         self._plan, self._jit_nodes, self._jit_index, self._has_views = plan_outputs(gm, user_outputs)
+        if written:  # returned first: XLA gives a donated buffer to the first output of its shape and dtype
+            self._returns_first([self._jit_index[k] for _, k in written])
         # the outputs returned transposed into the memory order their fake tensors have (`jit_layouts`)
         self._jit_layouts = jit_layouts(self._plan, len(self._jit_nodes))
-        self._n_outputs = len(output_nodes(gm))
+        self._wrap_specs = wrap_specs(self._plan)
         self._jitted = None
         self._static: tuple = ()
         self._storm_warned = False
@@ -150,6 +160,16 @@ class GraphProgram:
         PROGRAMS.add(self)
         if self.missing:
             self._prepare_op_by_op()
+
+    def _returns_first(self, first: list) -> None:
+        """Reorder the values the jitted program returns: those at indices `first` first, in that order."""
+        order = first + [j for j in range(len(self._jit_nodes)) if j not in set(first)]
+        moved = {old: new for new, old in enumerate(order)}
+        self._jit_nodes = [self._jit_nodes[j] for j in order]
+        self._jit_index = {k: moved[j] for k, j in self._jit_index.items()}
+        self._plan = [
+            (kind, moved[a], b, c) if kind is FROM_JIT else (kind, a, b, c) for kind, a, b, c in self._plan
+        ]
 
     def _prepare_op_by_op(self) -> None:
         """For op-by-op execution: eager outputs are contiguous where the traced fake tensors may not
@@ -305,8 +325,11 @@ class GraphProgram:
         return out
 
     def __call__(self, *args):
-        if self.missing:
-            return self.gm(*args)  # tpu eager, op by op
+        if self.missing:  # tpu eager, op by op
+            outs = self.gm(*args)
+            for i, k in self._written:
+                args[i].copy_(outs[k])
+            return outs[: self._n_outputs] if self._written else outs
         executables.collect_if_due()  # a safe point: no JAX call under way
         jax = platform.jax()
         if self._jitted is None:
@@ -317,6 +340,8 @@ class GraphProgram:
                 self._jitted = spmd.SpmdProgram(self.interpret, self._spmd, self._static, self.name)
             else:
                 self._jitted = jax.jit(self.interpret, static_argnums=self._static)
+        if _ARRAY[0] is None:
+            _ARRAY[0] = type(jax.numpy.zeros(()))
         arrays = arrays_of(args)
         keys = rng.next_material(self.n_random) if self.n_random else None
         if self._example is None:
@@ -350,12 +375,18 @@ class GraphProgram:
             for i, k in plan:
                 if i in donated:
                     REGISTRY.set_array(args[i].untyped_storage().data_ptr(), outs[self._jit_index[k]])
-                    updated[k] = args[i].detach()
-            if shared:  # the rest stored here too, not by aot_autograd's write-back after the lock
-                for i, k in self.mutations:
-                    if k not in updated and _on_tpu(args[i]):
-                        write(args[i], outs[self._jit_index[k]])
-                        updated[k] = args[i].detach()
+                    updated[k] = args[i].detach() if k < self._n_outputs else args[i]
+            # the rest: those the graph writes itself, and (under the lock) those aot_autograd would
+            for i, k in self._written if not shared else self.mutations:
+                if k in updated:
+                    continue
+                if _on_tpu(args[i]):
+                    write(args[i], outs[self._jit_index[k]])
+                    updated[k] = args[i].detach() if k < self._n_outputs else args[i]
+                elif k >= self._n_outputs:  # a CPU input the graph writes: as eager's copy_ would
+                    _, a, spec, place = self._plan[k]
+                    args[i].copy_(to_caller(outs[a], spec, place))
+                    updated[k] = args[i]
         if not self._storm_warned:
             self._check_recompile_storm(args)
         # for synchronize(); not the donated outputs: an extra reference would block their next donation
@@ -374,9 +405,15 @@ class GraphProgram:
         """The graph's outputs as eager gives them, from the jitted program's results `outs` (see
         `plan_outputs`): first every value of its own, then the views of those values."""
         results = []
+        specs = self._wrap_specs
         for k, (kind, a, b, c) in enumerate(self._plan):
             if kind is FROM_JIT:
-                results.append(updated[k] if k in updated else to_caller(outs[a], b, c))
+                if k in updated:
+                    results.append(updated[k])
+                elif specs[k] is not None and type(outs[a]) is _ARRAY[0]:  # a tpu tensor of static shape
+                    results.append(wrap_spec(outs[a], specs[k]))
+                else:
+                    results.append(to_caller(outs[a], b, c))
             elif kind is FROM_ARG:
                 results.append(args[a])
             elif kind is ON_HOST:
@@ -476,6 +513,9 @@ def _abstract(keys, arrays: list) -> tuple:
     return (keys, *[spec(a) for a in arrays])
 
 
+# the type of the arrays a jitted program returns (set at the first call: importing jax is deferred)
+_ARRAY: list = [None]
+
 # every live compiled graph (hf_tpu.compiled_programs)
 PROGRAMS: weakref.WeakSet = weakref.WeakSet()
 
@@ -515,7 +555,8 @@ def _donate_enabled() -> bool:
 def donation_plan(gm: torch.fx.GraphModule) -> tuple[tuple[int, int], ...]:
     """(input index, output index) for each input aot_autograd will overwrite whole after the call.
 
-    With `keep_inference_input_mutations=False` the graph returns the new value of every input it
+    For the mutations aot_autograd keeps out of the graph (an input that requires grad, outside no_grad;
+    the rest are `_in_graph_mutations`), the graph returns the new value of every input it
     mutates as its first outputs (in `mutated_inp_runtime_indices` order) and aot_autograd's epilogue
     does `input.copy_(new)`. Only data-only mutations qualify (no `as_strided_`/`set_` metadata change),
     and only when the output has the input's shape and dtype (so XLA can write it into that buffer).
@@ -541,6 +582,59 @@ def donation_plan(gm: torch.fx.GraphModule) -> tuple[tuple[int, int], ...]:
             continue
         plan.append((i, k))
     return tuple(plan)
+
+
+def _in_graph_mutations(gm: torch.fx.GraphModule) -> tuple[tuple[int, int], ...]:
+    """(input index, output index) for each input the graph overwrites itself, rewriting the graph.
+
+    aot_autograd keeps an inference graph's data mutations of inputs in the graph (inductor's
+    `keep_inference_input_mutations=True`): a `copy_(input, new)` at its end, instead of returning the
+    new value for its runtime wrapper to `copy_` into the input after the call (one dispatched op per
+    input: a StaticCache decode step's 8-12 buffers). Each such `copy_` becomes the functional `copy`
+    (the new value cast and broadcast to the input's shape and dtype), returned as an extra output after
+    those the caller sees; `GraphProgram.__call__` stores it into the input. A `copy_` whose input is read
+    after it, or whose result is computed with, keeps them all (the graph then runs op by op, in order);
+    one whose result is returned returns the input itself, written before the caller sees it.
+    """
+    copy_ = torch.ops.aten.copy_.default
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    output = next((n for n in gm.graph.nodes if n.op == "output"), None)
+    if output is None or not isinstance(output.args[0], list | tuple):
+        return ()
+    order = {n: j for j, n in enumerate(gm.graph.nodes)}
+    found = []
+    seen = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not copy_ or node.args[0] not in placeholders:
+            continue
+        dst = node.args[0]
+        if (
+            len(node.args) != 2
+            or node.kwargs
+            or dst in seen
+            or any(u is not output for u in node.users)  # its result is computed with
+            or any(u is not node and order[u] > order[node] for u in dst.users)  # read after the write
+        ):
+            return ()  # keep every such op: they run in order, op by op
+        seen.add(dst)
+        found.append(node)
+    if not found:
+        return ()
+    for node in found:  # returned (`self.count += 1` returns the buffer): the input itself, as in eager
+        node.replace_all_uses_with(node.args[0])
+    outs = list(output.args[0])
+    pairs = []
+    for node in found:
+        dst, src = node.args
+        with gm.graph.inserting_before(node):
+            value = gm.graph.call_function(torch.ops.aten.copy.default, (dst, src))
+        value.meta = dict(dst.meta)  # the input's shape, dtype and device
+        gm.graph.erase_node(node)
+        pairs.append((placeholders[dst], len(outs)))
+        outs.append(value)
+    output.args = (type(output.args[0])(outs),)
+    gm.recompile()
+    return tuple(pairs)
 
 
 def _touches_tpu(gm: torch.fx.GraphModule) -> bool:
@@ -671,5 +765,5 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, **kwargs):
         fw_compiler=boxed(fw),
         bw_compiler=boxed(bw),
         decompositions=_decompositions(),
-        keep_inference_input_mutations=False,
+        keep_inference_input_mutations=True,  # see `_in_graph_mutations`
     )(gm, example_inputs)

@@ -159,6 +159,16 @@ def jit_layouts(plan: list, n: int) -> tuple | None:
     return tuple(layouts) if any(o is not None for o in layouts) else None
 
 
+def wrap_specs(plan: list) -> list:
+    """Per plan entry: the (shape, dtype) a result of the jitted program becomes a tpu tensor with, when
+    that is all `to_caller` would do (a row-major tpu tensor of static shape), else None."""
+    specs: list = []
+    for kind, _, spec, place in plan:
+        static = kind is FROM_JIT and place is _DEVICE and spec is not None and spec[0] is not None
+        specs.append(spec if static and all(type(s) is int for s in spec[0]) else None)
+    return specs
+
+
 def _fake_order(val) -> tuple | None:
     """The memory order of a traced tensor whose strides are a dense permutation other than row-major
     (`(x.t() * 2)` keeps the transposed layout, as eager does), or None (row-major, not dense, symbolic)."""
