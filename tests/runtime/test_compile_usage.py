@@ -190,25 +190,30 @@ def test_scan_forward_and_backward_match_cpu():
         torch.testing.assert_close(d.grad.cpu(), r.grad, atol=1e-5, rtol=1e-5)
 
 
+def _compiled_whole_equals_cpu(f, *tensors) -> list:
+    """Compile `f` with fullgraph, check it ran as one program and equals CPU; the programs it built."""
+    import hf_tpu
+
+    want = f(*tensors)
+    before = {p.name for p in hf_tpu.compiled_programs()}
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        got = torch.compile(f, backend="tpu", fullgraph=True)(*_tpu(*tensors))
+    _assert_compiled_whole(record)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    return [p for p in hf_tpu.compiled_programs() if p.name not in before]
+
+
 def test_a_convolution_in_a_scan_body_is_written_channels_last_and_matches_cpu():
     """XLA:CPU makes a channels-first convolution channels-last only at a program's top level; in a loop
     body it runs as a naive loop nest (28x slower on a 3x3 conv). The lowering writes it channels-last."""
-    import hf_tpu
 
     def f(x, ws):
         return scan(lambda c, w: (torch.tanh(F.conv2d(c, w, padding=1)), c.sum()), x, ws)
 
-    x, ws = torch.randn(2, 4, 8, 8), torch.randn(3, 4, 4, 3, 3) * 0.2
-    want = f(x, ws)
-    before = {p.name for p in hf_tpu.compiled_programs()}
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        got = torch.compile(f, backend="tpu", fullgraph=True)(*_tpu(x, ws))
-    _assert_compiled_whole(record)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
-    texts = [p.compiled_text() for p in hf_tpu.compiled_programs() if p.name not in before]
-    (text,) = [t for t in texts if "while(" in t]
+    programs = _compiled_whole_equals_cpu(f, torch.randn(2, 4, 8, 8), torch.randn(3, 4, 4, 3, 3) * 0.2)
+    (text,) = [t for t in (p.compiled_text() for p in programs) if "while(" in t]
     labels = re.findall(r"dim_labels=([\w>-]+)", text)
     assert labels and set(labels) == {"b01f_01io->b01f"}, labels
 
@@ -216,24 +221,14 @@ def test_a_convolution_in_a_scan_body_is_written_channels_last_and_matches_cpu()
 def test_attention_in_a_scan_body_is_the_fused_op_and_matches_cpu():
     """A scan body is traced below autograd, where the tpu kernel of F.scaled_dot_product_attention is not
     consulted: without the graph decomposition it became CPU's math path (bmm, _safe_softmax, bmm)."""
-    import hf_tpu
 
     def f(q, xs):
         return scan(lambda c, x: ((F.scaled_dot_product_attention(c, c, c) + x).tanh(), c.sum()), q, xs)
 
-    q, xs = torch.randn(2, 4, 16, 8), torch.randn(3, 2, 4, 16, 8)
-    want = f(q, xs)
-    before = {p.name for p in hf_tpu.compiled_programs()}
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        got = torch.compile(f, backend="tpu", fullgraph=True)(*_tpu(q, xs))
-    _assert_compiled_whole(record)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-5)
+    programs = _compiled_whole_equals_cpu(f, torch.randn(2, 4, 16, 8), torch.randn(3, 2, 4, 16, 8))
     targets = {
         str(n.target)
-        for p in hf_tpu.compiled_programs()
-        if p.name not in before
+        for p in programs
         for gm in p.gm.modules()
         if isinstance(gm, torch.fx.GraphModule)
         for n in gm.graph.nodes
