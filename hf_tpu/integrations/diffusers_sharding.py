@@ -139,13 +139,6 @@ def patch_model_loading_utils(module: ModuleType) -> None:
         patch(module, "load_model_dict_into_meta", _wrap_load_model_dict_into_meta)
 
 
-def _several_chips() -> bool:
-    """Whether the mesh has several chips (this process's, or the job's under HF_TPU_MESH=global)."""
-    from hf_tpu.runtime.buffers import placement
-
-    return len(placement.chips()) > 1
-
-
 def _targets_tpu(device_map) -> bool:
     from hf_tpu.integrations.accelerate import tpu_index, tpu_is_accelerator
 
@@ -162,9 +155,10 @@ def _wrap_from_pretrained(original):
     @functools.wraps(original)
     def from_pretrained(klass, *args, **kwargs):
         from hf_tpu.integrations import diffusers_parallel
+        from hf_tpu.runtime.buffers import placement
 
         policy, after = diffusers_parallel.single_controller_parallel_config(kwargs)
-        if not _targets_tpu(kwargs.get("device_map")) or not _several_chips():
+        if not _targets_tpu(kwargs.get("device_map")) or not placement.several_chips():
             model = original(klass, *args, **kwargs)
         else:
             with sharded_load(policy or policies.requested_policy()) as load:

@@ -138,7 +138,9 @@ def _wrap_from_pretrained(original):
             return original(klass, *args, **kwargs)
         check_tpu_dtype(kwargs.get("dtype", kwargs.get("torch_dtype")))
         try:
-            if not _several_chips():
+            from hf_tpu.runtime.buffers import placement
+
+            if not placement.several_chips():
                 return original(klass, *args, **kwargs)
             from hf_tpu.integrations import sharding, transformers_sharding
 
@@ -157,13 +159,6 @@ def _wrap_from_pretrained(original):
             raise
 
     return from_pretrained
-
-
-def _several_chips() -> bool:
-    """Whether the mesh has several chips (this process's, or the job's under HF_TPU_MESH=global)."""
-    from hf_tpu.runtime.buffers import placement
-
-    return len(placement.chips()) > 1
 
 
 def _global_mesh() -> bool:

@@ -106,6 +106,11 @@ def chips() -> tuple:
     return global_mesh.mesh_devices()
 
 
+def several_chips() -> bool:
+    """Whether a mesh has more than one chip to spread weights over (`chips()`)."""
+    return len(chips()) > 1
+
+
 def mesh():
     """The current mesh (default: every chip, local or under HF_TPU_MESH=global the job's, on one axis
     named "model")."""
