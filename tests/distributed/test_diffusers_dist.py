@@ -65,8 +65,9 @@ def test_from_pretrained_with_parallel_config_under_torchrun_matches_one_cpu_pro
 def test_ring_and_ulysses_together_on_4_ranks_match_one_cpu_process():
     """diffusers' unified attention (`ContextParallelConfig(ring_degree=2, ulysses_degree=2)`: Ulysses'
     all-to-all inside each group of 2, the ring's all_gather across the groups): the transformer forward eager
-    and compiled, and a FluxPipeline generation, equal the CPU ones on every rank. Compiled, the graph stays
-    whole but its collectives span two groups, so it runs op by op, not as one SPMD program (~2.5 min here)."""
+    and compiled, and a FluxPipeline generation, equal the CPU ones on every rank. Compiled, the graph's
+    collectives span two groups, the rows and columns of a 2x2 grid of ranks: one SPMD program over the grid
+    (~2.5 min here)."""
     results = run_job(
         "diffusers_cp",
         4,

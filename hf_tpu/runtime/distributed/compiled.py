@@ -9,13 +9,17 @@ process's inputs are its blocks of global arrays, and the graph's own ops, the c
 compile into one executable that every process of the group runs. Before each call the ranks agree on the
 inputs' shapes and dtypes (agreement.py), so a mismatch is a clear error rather than an abort.
 
-Graphs whose collectives span several groups, or exchange uneven all_to_all splits (each rank would
-compile a different program), are left to the compile backend's op-by-op path (`spmd_plan` says why).
+A graph whose collectives span several groups runs as one program too when those groups are the lines of
+one grid covering every rank (a 2-D DeviceMesh's rows and columns: unified context parallelism, FSDP + TP):
+the mesh is that grid, one axis per group stride, and each collective reduces over its group's axis. Other
+groups, and uneven all_to_all splits (each rank would compile a different program), are left to the compile
+backend's op-by-op path (`spmd_plan` says why).
 """
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -60,20 +64,31 @@ def _op(reduce_op: str) -> str:
     return op
 
 
-# -- lowerings (traced inside the group's shard_map: the axis `programs.AXIS` is bound) -----------------
+# the mesh axis of each group (by its ranks) while an SpmdProgram over a grid traces its graph
+_tracing = threading.local()
+
+
+def _axis(group_name) -> str:
+    """The mesh axis a collective over `group_name` runs over in the program being traced."""
+    axes = getattr(_tracing, "axes", None)
+    return programs.AXIS if not axes else axes[_ranks(group_name)]
+
+
+# -- lowerings (traced inside the group's shard_map: the group's axis is bound) -------------------------
 def _all_reduce(x, reduce_op, group_name):
     g = len(_ranks(group_name))
-    return programs.all_reduce_body(_op(reduce_op), _kind(x.dtype), g)(x[None])[0]
+    return programs.all_reduce_body(_op(reduce_op), _kind(x.dtype), g, None, _axis(group_name))(x[None])[0]
 
 
 def _all_gather(x, group_size, group_name):
-    y = programs.all_gather_body()(x[None])[0]  # (G, *x.shape)
+    y = programs.all_gather_body(_axis(group_name))(x[None])[0]  # (G, *x.shape)
     return y.reshape((y.shape[0] * x.shape[0], *x.shape[1:])) if x.ndim else y
 
 
 def _reduce_scatter(x, reduce_op, group_size, group_name):
     g = len(_ranks(group_name))
-    return programs.reduce_scatter_body(_op(reduce_op), _kind(x.dtype), g)(x[None])[0]
+    body = programs.reduce_scatter_body(_op(reduce_op), _kind(x.dtype), g, None, _axis(group_name))
+    return body(x[None])[0]
 
 
 @lowers(f"{NAMESPACE}::all_reduce", graph=True)
@@ -109,13 +124,13 @@ def reduce_scatter_tensor_coalesced(xs, reduce_op, group_size, group_name):
 @lowers(f"{NAMESPACE}::all_to_all_single", graph=True)
 def all_to_all_single(x, output_split_sizes, input_split_sizes, group_name):
     g = len(_ranks(group_name))
-    y = programs.all_to_all_body()(x.reshape((1, g, x.shape[0] // g, *x.shape[1:])))[0]
+    y = programs.all_to_all_body(_axis(group_name))(x.reshape((1, g, x.shape[0] // g, *x.shape[1:])))[0]
     return y.reshape(x.shape)
 
 
 @lowers(f"{NAMESPACE}::broadcast", graph=True)
 def broadcast(x, src, group_name):
-    return programs.pick_body(int(src))(x[None])[0]
+    return programs.pick_body(int(src), _axis(group_name))(x[None])[0]
 
 
 @lowers(f"{NAMESPACE}::wait_tensor", graph=True)
@@ -135,10 +150,21 @@ def _collective_nodes(gm: torch.fx.GraphModule):
                     yield node
 
 
-def spmd_plan(gm: torch.fx.GraphModule) -> tuple[tuple | None, str | None]:
-    """((ranks, group name) of the one group the graph's collectives run over, None) for a graph to run as
-    one SPMD program; (None, None) for a graph without collectives; (None, why) when its collectives
-    cannot be one program (the compile backend then runs the graph op by op, where every collective works)."""
+@dataclass(frozen=True)
+class SpmdPlan:
+    """Where a graph's collectives run: `mesh` is the group's ranks (one group) or a `programs.Grid` (several
+    groups, `axes` giving each group's mesh axis by its ranks); `agree_on` names the group whose ranks agree
+    on the inputs before each call (every rank of the mesh)."""
+
+    mesh: tuple | programs.Grid
+    agree_on: str
+    axes: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+def spmd_plan(gm: torch.fx.GraphModule) -> tuple[SpmdPlan | None, str | None]:
+    """(the plan of a graph that runs as one SPMD program, None); (None, None) for a graph without
+    collectives; (None, why) when its collectives cannot be one program (the compile backend then runs the
+    graph op by op, where every collective works)."""
     groups = {}
     for node in _collective_nodes(gm):
         name = node.target.name()
@@ -156,26 +182,83 @@ def spmd_plan(gm: torch.fx.GraphModule) -> tuple[tuple | None, str | None]:
         groups[ranks] = str(group_name)
     if not groups:
         return None, None
-    if len(groups) > 1:
-        return None, f"{NAMESPACE} collectives over several groups ({sorted(groups)}) in one graph"
-    ((ranks, group_name),) = groups.items()
     me = platform.jax().process_index()
-    if me not in ranks:
+    outside = [list(r) for r in groups if me not in r]
+    if outside:
         return (
             None,
-            f"{NAMESPACE} collectives over group {list(ranks)}, which this process (rank {me}) is not in",
+            f"{NAMESPACE} collectives over group {outside[0]}, which this process (rank {me}) is not in",
         )
-    return (ranks, group_name), None
+    if len(groups) == 1:
+        ((ranks, group_name),) = groups.items()
+        return SpmdPlan(ranks, group_name), None
+    grid, axes, why = grid_of(tuple(groups), me, dist.get_world_size())
+    if grid is None:
+        return None, f"{NAMESPACE} collectives over several groups ({sorted(groups)}) in one graph: {why}"
+    return SpmdPlan(grid, _world_group_name(), axes), None
+
+
+def grid_of(groups: tuple, me: int, world: int) -> tuple[programs.Grid | None, dict, str | None]:
+    """The grid whose lines are `groups` (this rank's groups), as a DeviceMesh over all `world` ranks lays
+    them out row-major: each group an ascending run of ranks with one stride; the grid's axes have strides
+    1, n1, n1*n2, ... for sizes n1, n2, ... whose product is `world`; a group along several consecutive
+    axes (a flattened mesh dimension, the whole world) runs over those axes together.
+    Returns (grid, {group ranks: its axis name or tuple of names}, None), or (None, {}, why not)."""
+    runs = []
+    for ranks in groups:
+        stride = ranks[1] - ranks[0] if len(ranks) > 1 else 0
+        if stride <= 0 or any(b - a != stride for a, b in zip(ranks, ranks[1:])):
+            return (
+                None,
+                {},
+                f"group {list(ranks)} is not an ascending run of two or more ranks with one stride",
+            )
+        if ranks[0] != me - (me // stride) % len(ranks) * stride:
+            return None, {}, f"group {list(ranks)} is not a line of a row-major grid through rank {me}"
+        runs.append((stride, len(ranks), ranks))
+    # the axes: from stride 1 up, each the shortest run that starts where the previous axis ends
+    axes_sizes = []
+    expected = 1
+    while expected < world:
+        sizes = [n for stride, n, _ in runs if stride == expected]
+        if not sizes:
+            return None, {}, "the groups are not the rows and columns of one grid of ranks"
+        axes_sizes.append((expected, min(sizes)))
+        expected *= min(sizes)
+    if expected != world:
+        return None, {}, f"the grid of the groups does not hold exactly the {world} ranks"
+    names = {stride: f"stride{stride}" for stride, _ in axes_sizes}
+    axes = {}
+    for stride, n, ranks in runs:
+        first = [k for k, (s_, _) in enumerate(axes_sizes) if s_ == stride][0]
+        covered, k = 1, first
+        while covered < n and k < len(axes_sizes):
+            covered *= axes_sizes[k][1]
+            k += 1
+        if covered != n:
+            return None, {}, f"group {list(ranks)} does not cover whole axes of the grid"
+        span = [names[axes_sizes[i][0]] for i in reversed(range(first, k))]  # row-major: major axis first
+        axes[ranks] = span[0] if len(span) == 1 else tuple(span)
+    shape = tuple(n for _, n in reversed(axes_sizes))
+    return (
+        programs.Grid(tuple(range(world)), shape, tuple(names[s_] for s_, _ in reversed(axes_sizes))),
+        axes,
+        None,
+    )
+
+
+def _world_group_name() -> str:
+    return dist.group.WORLD.group_name
 
 
 class SpmdProgram:
-    """`fn(keys, *arrays)` (a graph's interpreter) as `jit(shard_map(fn))` over the group's mesh: called
+    """`fn(keys, *arrays)` (a graph's interpreter) as `jit(shard_map(fn))` over the plan's mesh: called
     with this process's values, returns this process's results. `static` are the argument indices (of
-    fn's signature) that are Python values, compiled in; `plan` is `spmd_plan`'s (ranks, group name)."""
+    fn's signature) that are Python values, compiled in; `plan` is `spmd_plan`'s."""
 
-    def __init__(self, fn, plan: tuple, static: tuple, name: str) -> None:
+    def __init__(self, fn, plan: SpmdPlan, static: tuple, name: str) -> None:
         self._fn = fn
-        self._ranks, self._group_name = plan
+        self._ranks, self._group_name, self._axes = plan.mesh, plan.agree_on, plan.axes
         self._static = frozenset(static)
         self._name = name
         self._compiled: dict = {}
@@ -194,6 +277,8 @@ class SpmdProgram:
             "input_shapes": [list(a.shape) for a in dynamic],
             "input_dtypes": [str(a.dtype) for a in dynamic],
         }
+        if isinstance(self._ranks, programs.Grid):  # each rank checked its groups are lines of this grid
+            mine["grid"] = f"{self._ranks.shape} over axes {self._ranks.axes}"
         sigs = agreement.exchange(what, mine)
         differ = [k for k in ("op_name", *mine) if len({str(s.get(k)) for s in sigs}) > 1]
         if differ:
@@ -228,7 +313,11 @@ class SpmdProgram:
     def __call__(self, *args):
         program, out_shapes, dynamic = self._program(args)
         self._agree(dynamic)
-        outs = program(*[programs.flat_global(self._ranks, a) for a in dynamic])
+        _tracing.axes = self._axes  # read by the lowerings if this call traces the graph
+        try:
+            outs = program(*[programs.flat_global(self._ranks, a) for a in dynamic])
+        finally:
+            _tracing.axes = None
         with _stats_lock:
             stats["calls"] += 1
         return tuple(programs.local_result(o, s) for o, s in zip(outs, out_shapes))
@@ -237,4 +326,10 @@ class SpmdProgram:
         """As `jax.jit(...).lower`: the executable for these (abstract) arguments, over the group's mesh
         (`GraphProgram.compiled_text` shows its HLO, collectives included)."""
         program, _, dynamic = self._program(args)
-        return program.lower(*[programs.global_struct(self._ranks, tuple(a.shape), a.dtype) for a in dynamic])
+        _tracing.axes = self._axes
+        try:
+            return program.lower(
+                *[programs.global_struct(self._ranks, tuple(a.shape), a.dtype) for a in dynamic]
+            )
+        finally:
+            _tracing.axes = None

@@ -1,7 +1,9 @@
 """The JAX programs behind tpu_dist: one `jit(shard_map(...))` per collective over a group's global mesh.
 
-A group of ranks is a 1-D mesh (axis "ranks") of one chip per process, in group-rank order; each process
-contributes its value as its block of a global array (`jax.make_array_from_single_device_arrays`, no
+A group of ranks is a 1-D mesh (axis "ranks") of one chip per process, in group-rank order; a compiled graph
+whose collectives span several groups that are the lines of one grid of ranks (a 2-D DeviceMesh's rows and
+columns) runs over that grid as an N-D mesh (`Grid`), each group's collectives over its own axis. Each
+process contributes its value as its block of a global array (`jax.make_array_from_single_device_arrays`, no
 copy) and gets its block of the result back. The collectives inside are JAX's (`psum`, `all_gather`,
 `all_to_all`, `ppermute`): gloo between processes on JAX's CPU platform, ICI/DCN on TPU. Programs are
 cached per (collective, group, shapes, dtype, op).
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
@@ -27,19 +30,49 @@ def process_chip(rank: int):
     return min((d for d in jax.devices() if d.process_index == rank), key=lambda d: d.id)
 
 
+@dataclass(frozen=True)
+class Grid:
+    """Ranks laid out as an N-D grid, row-major (`ranks[i]` is the grid's i-th point), one mesh axis per
+    dimension: where a graph's collectives run over several groups, each group is a line along one axis."""
+
+    ranks: tuple
+    shape: tuple
+    axes: tuple
+
+    def __len__(self) -> int:
+        return len(self.ranks)
+
+
+def _layout(ranks) -> tuple[tuple, tuple, tuple]:
+    """(ranks, mesh shape, axis names) of a group (a tuple of ranks: a 1-D mesh) or a `Grid`."""
+    if isinstance(ranks, Grid):
+        return ranks.ranks, ranks.shape, ranks.axes
+    return tuple(ranks), (len(ranks),), (AXIS,)
+
+
 @cache
-def group_mesh(ranks: tuple):
-    """A 1-D mesh of the chips of `ranks`, in that order (a direction of a pair is its own mesh)."""
+def group_mesh(ranks):
+    """The mesh of the chips of `ranks` in that order: 1-D for a group (a direction of a pair is its own
+    mesh), N-D for a `Grid`."""
     from jax.sharding import AxisType, Mesh
 
-    chips = np.array([process_chip(r) for r in ranks], dtype=object)
-    return Mesh(chips, (AXIS,), axis_types=(AxisType.Auto,))
+    flat, shape, axes = _layout(ranks)
+    chips = np.array([process_chip(r) for r in flat], dtype=object).reshape(shape)
+    return Mesh(chips, axes, axis_types=(AxisType.Auto,) * len(axes))
 
 
-def block_sharding(ranks: tuple):
-    from jax.sharding import NamedSharding, PartitionSpec
+def _block_spec(ranks):
+    """dim 0 split over every axis, row-major: block i is rank `ranks[i]`'s."""
+    from jax.sharding import PartitionSpec
 
-    return NamedSharding(group_mesh(ranks), PartitionSpec(AXIS))
+    axes = _layout(ranks)[2]
+    return PartitionSpec(axes[0] if len(axes) == 1 else axes)
+
+
+def block_sharding(ranks):
+    from jax.sharding import NamedSharding
+
+    return NamedSharding(group_mesh(ranks), _block_spec(ranks))
 
 
 # eager collective programs run so far (a compiled graph's collectives do not add to it)
@@ -53,20 +86,19 @@ def flat_block(shape: tuple) -> tuple:
     return tuple(shape) if shape else (1,)
 
 
-def global_struct(ranks: tuple, shape: tuple, dtype):
+def global_struct(ranks, shape: tuple, dtype):
     """The abstract global array whose blocks are values of `shape` (for `lower`)."""
     jax = platform.jax()
     block = flat_block(shape)
     return jax.ShapeDtypeStruct((len(ranks) * block[0], *block[1:]), dtype, sharding=block_sharding(ranks))
 
 
-def spmd(ranks: tuple, fn: Callable, shapes: tuple) -> tuple:
-    """`fn` (one rank's values -> a tuple of that rank's results, collectives over `AXIS` inside) as one
-    jitted `shard_map` over the group's mesh in the flat layout; the reshapes between blocks and values
+def spmd(ranks, fn: Callable, shapes: tuple) -> tuple:
+    """`fn` (one rank's values -> a tuple of that rank's results, collectives over `AXIS` inside, or over
+    the axes of a `Grid`) as one jitted `shard_map` over the group's mesh in the flat layout; the reshapes between blocks and values
     happen inside the program. Returns (the program, a list that holds the results' shapes once it has
     been traced)."""
     jax = platform.jax()
-    from jax.sharding import PartitionSpec
 
     out_shapes: list = []
 
@@ -75,12 +107,12 @@ def spmd(ranks: tuple, fn: Callable, shapes: tuple) -> tuple:
         out_shapes[:] = [tuple(o.shape) for o in outs]
         return tuple(o.reshape(flat_block(o.shape)) for o in outs)
 
-    spec = PartitionSpec(AXIS)
+    spec = _block_spec(ranks)
     mapped = jax.shard_map(flat, mesh=group_mesh(ranks), in_specs=(spec,) * len(shapes), out_specs=spec)
     return jax.jit(mapped), out_shapes
 
 
-def flat_global(ranks: tuple, a):
+def flat_global(ranks, a):
     """This process's array `a` as its block of the group's global array (no copy on its own chip)."""
     jax = platform.jax()
     a = jax.device_put(a, process_chip(jax.process_index()))
@@ -136,35 +168,38 @@ def reshaped(body: Callable, in_shape: tuple | None, out_shape: tuple) -> Callab
 
 
 @cache
-def all_reduce_body(op: str, kind: str, group_size: int, factor: float | None = None) -> Callable:
-    """x -> the reduction of every rank's x (`op` one of sum/avg/max/min/product/premul_sum/band/bor/bxor;
-    `kind` "bool", "int", "float" or "complex", validated by the caller)."""
+def all_reduce_body(
+    op: str, kind: str, group_size: int, factor: float | None = None, axis_name: str = AXIS
+) -> Callable:
+    """x -> the reduction of every rank's x over mesh axis `axis_name` (`op` one of
+    sum/avg/max/min/product/premul_sum/band/bor/bxor; `kind` "bool", "int", "float" or "complex", validated
+    by the caller)."""
     lax = platform.jax().lax
     jnp = platform.jax().numpy
 
     def gathered(x):
-        return lax.all_gather(x, AXIS, axis=0, tiled=True)
+        return lax.all_gather(x, axis_name, axis=0, tiled=True)
 
     def body(x):
         if kind == "bool":
             xi = x.astype(jnp.int32)
             if op in ("sum", "max", "bor"):
-                y = lax.pmax(xi, AXIS)
+                y = lax.pmax(xi, axis_name)
             elif op in ("min", "product", "band"):
-                y = lax.pmin(xi, AXIS)
+                y = lax.pmin(xi, axis_name)
             else:  # bxor
-                y = lax.psum(xi, AXIS) % 2
+                y = lax.psum(xi, axis_name) % 2
             return y != 0
         if op == "sum":
-            return lax.psum(x, AXIS)
+            return lax.psum(x, axis_name)
         if op == "avg":
-            return (lax.psum(x, AXIS) / group_size).astype(x.dtype)
+            return (lax.psum(x, axis_name) / group_size).astype(x.dtype)
         if op == "premul_sum":
-            return lax.psum(x * jnp.asarray(factor, x.dtype), AXIS)
+            return lax.psum(x * jnp.asarray(factor, x.dtype), axis_name)
         if op == "max":
-            return lax.pmax(x, AXIS)
+            return lax.pmax(x, axis_name)
         if op == "min":
-            return lax.pmin(x, AXIS)
+            return lax.pmin(x, axis_name)
         g = gathered(x)
         if op == "product":
             return jnp.prod(g, axis=0, keepdims=True).astype(x.dtype)
@@ -175,39 +210,41 @@ def all_reduce_body(op: str, kind: str, group_size: int, factor: float | None = 
 
 
 @cache
-def reduce_scatter_body(op: str, kind: str, group_size: int, factor: float | None = None) -> Callable:
+def reduce_scatter_body(
+    op: str, kind: str, group_size: int, factor: float | None = None, axis_name: str = AXIS
+) -> Callable:
     """x of shape (1, G*n, ...) -> this rank's n rows of the reduction."""
     lax = platform.jax().lax
-    reduce = all_reduce_body(op, kind, group_size, factor)
+    reduce = all_reduce_body(op, kind, group_size, factor, axis_name)
 
     def body(x):
         if op == "sum" and kind in ("int", "float", "complex"):
-            return lax.psum_scatter(x, AXIS, scatter_dimension=1, tiled=True)
+            return lax.psum_scatter(x, axis_name, scatter_dimension=1, tiled=True)
         y = reduce(x)
         n = x.shape[1] // group_size
-        return lax.dynamic_slice_in_dim(y, lax.axis_index(AXIS) * n, n, axis=1)
+        return lax.dynamic_slice_in_dim(y, lax.axis_index(axis_name) * n, n, axis=1)
 
     return body
 
 
 @cache
-def all_gather_body() -> Callable:
+def all_gather_body(axis_name: str = AXIS) -> Callable:
     """x of shape (1, ...) -> every rank's x stacked: (1, G, ...)."""
     lax = platform.jax().lax
     jnp = platform.jax().numpy
 
     def body(x):
         if x.dtype == jnp.bool_:
-            return lax.all_gather(x.astype(jnp.uint8), AXIS, axis=1).astype(jnp.bool_)
-        return lax.all_gather(x, AXIS, axis=1)
+            return lax.all_gather(x.astype(jnp.uint8), axis_name, axis=1).astype(jnp.bool_)
+        return lax.all_gather(x, axis_name, axis=1)
 
     return body
 
 
 @cache
-def pick_body(src: int) -> Callable:
+def pick_body(src: int, axis_name: str = AXIS) -> Callable:
     """x of shape (1, ...) -> group rank `src`'s x (broadcast)."""
-    gather = all_gather_body()
+    gather = all_gather_body(axis_name)
 
     def body(x):
         return gather(x)[:, src]
@@ -216,7 +253,7 @@ def pick_body(src: int) -> Callable:
 
 
 @cache
-def all_to_all_body() -> Callable:
+def all_to_all_body(axis_name: str = AXIS) -> Callable:
     """x of shape (1, G, ...) -> (1, G, ...) whose row j is rank j's row for this rank."""
     lax = platform.jax().lax
     jnp = platform.jax().numpy
@@ -224,8 +261,8 @@ def all_to_all_body() -> Callable:
     def body(x):
         y = x[0]
         if y.dtype == jnp.bool_:
-            return lax.all_to_all(y.astype(jnp.uint8), AXIS, 0, 0, tiled=True).astype(jnp.bool_)[None]
-        return lax.all_to_all(y, AXIS, 0, 0, tiled=True)[None]
+            return lax.all_to_all(y.astype(jnp.uint8), axis_name, 0, 0, tiled=True).astype(jnp.bool_)[None]
+        return lax.all_to_all(y, axis_name, 0, 0, tiled=True)[None]
 
     return body
 

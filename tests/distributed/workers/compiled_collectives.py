@@ -1,11 +1,13 @@
-"""Functional collectives inside `torch.compile(backend="tpu")` run as one SPMD program (argv: rank world_size).
+"""Functional collectives inside `torch.compile(backend="tpu")` run as one SPMD program (argv: rank world_size,
+then "grid" for the two-group checks alone).
 
 Checks, against values computed on CPU: all_reduce (sum, avg, max), all_gather_tensor, reduce_scatter_tensor,
 all_to_all_single and broadcast mixed with ordinary ops in one compiled function; that the graph compiled to
 one executable run once per call (distributed.compiled.stats) with no eager collective program in between
 (distributed.programs.stats) and nothing left to run op by op; a compiled tensor-parallel MLP step
 (parallelize_module) against CPU; and that ranks calling the compiled function with different shapes get a
-clear error on every rank. Exits 1 listing every failed check.
+clear error on every rank. With "grid" (4 ranks): a graph whose collectives run over the rows and the columns
+of a 2x2 DeviceMesh, one program over the grid. Exits 1 listing every failed check.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch.distributed._functional_collectives as funcol  # noqa: E402
 from checks import Checker  # noqa: E402
 
 rank, world = int(sys.argv[1]), int(sys.argv[2])
+only_grid = sys.argv[3:] == ["grid"]
 check = Checker(rank)
 dist.init_process_group("tpu_dist")
 group = dist.group.WORLD
@@ -61,6 +64,62 @@ def expected_cpu(r: int):
     exchanged = torch.cat([xi[n * r : n * r + n] for xi in xs])
     head = gathered[: 2 * world] + total - mean * top
     return head.sum(1), scattered * 3, exchanged - xs[0]
+
+
+def _one_spmd_program(fn, t, calls: int):
+    """`calls` calls of torch.compile(fn): the outputs, after checking they ran as one SPMD executable
+    compiled once and run once per call, with nothing op by op and no eager collective program."""
+    compiled_fn = torch.compile(fn, backend="tpu")
+    before = (dict(compiled.stats), dict(programs.stats))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [compiled_fn(t) for _ in range(calls)]
+    op_by_op = [str(w.message) for w in caught if "op by op" in str(w.message)]
+    assert not op_by_op, op_by_op
+    assert compiled.stats["compiled"] - before[0]["compiled"] == 1, (before, compiled.stats)
+    assert compiled.stats["calls"] - before[0]["calls"] == calls, (before, compiled.stats)
+    assert programs.stats["runs"] == before[1]["runs"], (before, programs.stats)
+    return outs
+
+
+def grid():
+    """Collectives over both dimensions of a 2x2 DeviceMesh in one graph (unified context parallelism and
+    FSDP + TP make such graphs): rank r = 2 i + j, its row group {2i, 2i+1} (stride 1) and its column group
+    {j, 2+j} (stride 2). One program over the grid; values against CPU."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("tpu", (2, 2))
+    rows, cols = mesh.get_group(1), mesh.get_group(0)
+    i, j = divmod(rank, 2)
+
+    def both(t):
+        row_sum = funcol.all_reduce(t, "sum", rows)
+        col_gather = funcol.all_gather_tensor(row_sum * 2, 0, cols)
+        exchanged = funcol.all_to_all_single(t, None, None, rows)
+        col_max = funcol.all_reduce(t, "max", cols)
+        return col_gather, exchanged - col_max
+
+    outs = _one_spmd_program(both, x, 2)
+    row_sums = [xs[0] + xs[1], xs[2] + xs[3]]
+    n = xs[0].shape[0] // 2
+    col_max = torch.maximum(xs[j], xs[2 + j])
+    want = (
+        torch.cat([2 * row_sums[0], 2 * row_sums[1]]),
+        torch.cat([xs[2 * i][n * j : n * j + n], xs[2 * i + 1][n * j : n * j + n]]) - col_max,
+    )
+    for out in outs:
+        for name, got, expected in zip(
+            ("column all_gather of row sums", "row all_to_all - column max"), out, want
+        ):
+            check.close(f"grid {name}", got, expected)
+
+
+if only_grid:
+    assert world == 4, "the grid checks run on 4 ranks"
+    check.run("compiled collectives over a 2x2 grid as one program", grid)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.exit(check.finish())
 
 
 def one_program():

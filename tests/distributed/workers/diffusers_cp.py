@@ -142,11 +142,11 @@ def _compile_counts() -> tuple[int, int, int, int]:
 def _check_one_program(name: str, before: tuple, after: tuple) -> None:
     """`model.compile(backend="tpu")` of the parallel model: one graph without breaks, its collectives
     (all_to_all_single / all_gather / DTensor's all_reduce) inside it, compiled once into one SPMD program
-    over the ranks that both calls ran (the second compiles nothing); unified attention: see below."""
+    over the ranks that both calls ran (the second compiles nothing). Unified attention's collectives run over
+    two groups (the ring's ranks and the Ulysses ranks), the rows and columns of a 2x2 grid: one program over
+    the grid (compiled.spmd_plan)."""
     delta = tuple(a - b for a, b in zip(after, before, strict=True))
-    # unified attention's collectives run over two groups (the ring's ranks and the Ulysses ranks), which one
-    # SPMD program over one group cannot hold: the graph stays whole and runs op by op (compiled.spmd_plan)
-    expected = (0, 0, 1, 0) if name.startswith("unified") else (1, 2, 1, 0)
+    expected = (1, 2, 1, 0)
     assert delta == expected, f"{name}: (programs, calls, graphs, breaks) grew by {delta}"
 
 
