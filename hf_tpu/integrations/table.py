@@ -119,6 +119,15 @@ PATCHES: tuple[Patch, ...] = (
         kind="extend",
     ),
     Patch(
+        "transformers.models.doge.modeling_doge:BlockMask",
+        "transformers:bind_block_mask",
+        "imported only if is_torch_flex_attn_available(), which is False on a tpu host, yet read unguarded "
+        "(isinstance(attention_mask, BlockMask)) in every forward: a NameError for every Doge model, CPU ones "
+        "too; bound to flex attention's class, the sdpa/eager path runs as on CUDA",
+        "transformers",
+        kind="extend",
+    ),
+    Patch(
         "transformers.utils.import_utils:is_torch_accelerator_available",
         "transformers:refresh_device_caches",
         "an lru_cache computed before the device was registered: cleared",

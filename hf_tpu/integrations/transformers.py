@@ -612,6 +612,16 @@ def patch_testing_utils(module: ModuleType) -> None:
             table.setdefault("tpu", fn)
 
 
+def bind_block_mask(module: ModuleType) -> None:
+    """A modeling module that imports flex attention's `BlockMask` only where flex attention is available
+    (never on a tpu host) but reads the name in every forward gets the class bound (its masks are then
+    never BlockMasks, as on any device without flex attention)."""
+    if not hasattr(module, "BlockMask"):
+        from torch.nn.attention.flex_attention import BlockMask
+
+        module.BlockMask = BlockMask
+
+
 def refresh_device_caches(module: ModuleType) -> None:
     """transformers.utils.import_utils: device facts cached once (lru_cache) see the registered `tpu` device,
     whatever the import order (DESIGN §3.1): a cache computed before registration is cleared."""

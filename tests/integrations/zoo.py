@@ -90,6 +90,12 @@ def _llama():
     return _llama_like(tf.LlamaConfig, tf.LlamaForCausalLM)
 
 
+@case("doge", "decoder", "causal")
+def _doge():
+    # reads flex attention's BlockMask unguarded in every forward (hf_tpu binds it: integrations table)
+    return _llama_like(tf.DogeConfig, tf.DogeForCausalLM, drop=("head_dim",))
+
+
 @case("qwen2", "decoder", "causal")
 def _qwen2():
     return _llama_like(tf.Qwen2Config, tf.Qwen2ForCausalLM, drop=("head_dim",))
@@ -658,7 +664,7 @@ def _paligemma():
 
 
 # The fast default CI set: one or two per family.
-DEFAULT = ("llama", "qwen3", "gpt2", "qwen3_moe", "bert", "t5", "vit", "wav2vec2", "clip", "llava")
+DEFAULT = ("llama", "qwen3", "gpt2", "qwen3_moe", "bert", "t5", "vit", "wav2vec2", "clip", "llava", "doge")
 
 
 def build(name: str, seed: int = 0) -> tuple[torch.nn.Module, dict]:
