@@ -24,6 +24,14 @@ def forward_params(model: Any) -> dict[str, inspect.Parameter]:
     }
 
 
+def documented_rank(model: Any, name: str) -> int | None:
+    """The rank of forward argument ``name`` as its docstring documents it (transformers' auto_docstring
+    writes ``name (`torch.Tensor` of shape `(batch_size, num_tiles)`)``); None when undocumented."""
+    doc = getattr(model.forward, "__doc__", None) or ""
+    m = re.search(rf"\b{re.escape(name)} \(`[^`]*` of shape `\(([^)]*)\)`", doc)
+    return len([d for d in m.group(1).split(",") if d.strip()]) if m else None
+
+
 def required_params(params: dict[str, inspect.Parameter]) -> list[str]:
     return [k for k, p in params.items() if p.default is inspect.Parameter.empty]
 

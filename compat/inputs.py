@@ -19,6 +19,7 @@ from compat.diffusion_inputs import build_diffusion_inputs
 from compat.errors import InputError
 from compat.input_basics import (
     config_get,
+    documented_rank,
     forward_params,
     refit_rank,
     required_params,
@@ -209,7 +210,12 @@ def _generic_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int, se
         if "pixel_attention_mask" in params:  # idefics2/3-style: (batch, images, C, H, W)
             kwargs["pixel_values"] = kwargs["pixel_values"].unsqueeze(1)
             b, n, _, h, w = kwargs["pixel_values"].shape
-            kwargs["pixel_attention_mask"] = torch.ones(b, n, h, w, dtype=torch.bool)
+            # a mask per pixel (Idefics2/3, SmolVLM), or per tile where the forward documents it so
+            # (GraniteDocling: (batch_size, num_tiles), the real tiles it picks from pixel_values)
+            per_tile = documented_rank(model, "pixel_attention_mask") == 2
+            kwargs["pixel_attention_mask"] = torch.ones(
+                *((b, n) if per_tile else (b, n, h, w)), dtype=torch.bool
+            )
         if "image_sizes" in params and _needs_image_sizes(cfg, plan):
             h, w = kwargs["pixel_values"].shape[-2:]
             kwargs["image_sizes"] = torch.tensor([[h, w]] * batch)
@@ -295,11 +301,22 @@ def _text_inputs(model, plan, cfg, params, gen, batch, seq) -> dict[str, Any]:
     if "question_positions" in params and isinstance(qid, int) and 0 <= qid < int(vocab):
         # Splinter's span heads find the questions by their [QUESTION] token (one per sample at least)
         out["input_ids"][..., 1] = qid
+    sep = config_get(tcfg, "sep_token_id")
+    pair_heads = ("ForQuestionAnswering", "ForMultipleChoice")
+    if "global_attention_mask" in params and plan.model_class.endswith(pair_heads) and _id_in(sep, vocab):
+        # Longformer's QA and multiple-choice heads give the question global attention, finding it by the
+        # three separators a pair tokenizer writes (question </s></s> context </s>)
+        q = seq // 4
+        out["input_ids"][..., [q, q + 1, -1]] = sep
     if "attention_mask" in params:
         out["attention_mask"] = torch.ones(shape, dtype=torch.long)
     if "token_type_ids" in params and (config_get(tcfg, "type_vocab_size") or 0) > 0:
         out["token_type_ids"] = torch.zeros(shape, dtype=torch.long)
     return out
+
+
+def _id_in(tok: Any, vocab: Any) -> bool:
+    return isinstance(tok, int) and not isinstance(tok, bool) and 0 <= tok < int(vocab)
 
 
 def _needs_image_sizes(cfg: Any, plan: Plan) -> bool:
@@ -574,12 +591,18 @@ def _time_series_inputs(cfg: Any, params, gen: torch.Generator, batch: int) -> d
 # --------------------------------------------------------------------------------------- special builders
 
 
+def _merge_size(vcfg: Any) -> int:
+    """Patches per side that merge into one token: the config's spatial_merge_size, else 1 (VideoLLaMA 3's
+    config names none; its image processor merges 1 x 1 for images)."""
+    return getattr(vcfg, "spatial_merge_size", None) or 1
+
+
 def _patches(vcfg: Any, gen: torch.Generator, n_images: int) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Flattened patches + (t, h, w) grids, Qwen2-VL style; returns (patches, grid_thw, tokens per image)."""
     patch = vcfg.patch_size
     patch = patch[0] if isinstance(patch, list | tuple) else patch
     tps = getattr(vcfg, "temporal_patch_size", None) or 1
-    merge = getattr(vcfg, "spatial_merge_size", None) or 1
+    merge = _merge_size(vcfg)
     ch = (
         getattr(vcfg, "in_channels", None)
         or getattr(vcfg, "in_chans", None)
@@ -607,6 +630,8 @@ def _qwen_vl_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) ->
     ids = torch.cat([*pieces, text], dim=1)
     params = forward_params(model)
     out: dict[str, Any] = {"input_ids": ids, "pixel_values": pixel_values, "image_grid_thw": thw}
+    if "image_merge_sizes" in params:  # VideoLLaMA 3: each image's merge size (its processor's), per image
+        out["image_merge_sizes"] = torch.full((len(thw),), _merge_size(vcfg))
     if "attention_mask" in params:
         out["attention_mask"] = torch.ones_like(ids)
     if "mm_token_type_ids" in params:
@@ -618,8 +643,12 @@ def _qwen_vl_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) ->
 def _patch_grid_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) -> dict[str, Any]:
     """Vision towers of Qwen2-VL-style models called on their own: (patches, grid_thw)."""
     pixel_values, thw, _ = _patches(model.config, gen, batch)
-    name = "hidden_states" if "hidden_states" in forward_params(model) else "pixel_values"
-    return {name: pixel_values, "grid_thw": thw}
+    params = forward_params(model)
+    name = "hidden_states" if "hidden_states" in params else "pixel_values"
+    out = {name: pixel_values, "grid_thw": thw}
+    if "merge_sizes" in params:  # VideoLLaMA 3's tower
+        out["merge_sizes"] = torch.full((len(thw),), _merge_size(model.config))
+    return out
 
 
 BUILDERS: dict[str, Callable[[Any, Plan, torch.Generator, int], dict[str, Any]]] = {

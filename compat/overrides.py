@@ -64,6 +64,10 @@ OVERRIDES: dict[str, Override] = {
     # forward, Tacotron 2 §2.2): two CPU runs never agree, nor could a device. With p=0 it is deterministic
     # (its mask then drops every unit, so the decoder sees the prenet's bias; every layer still runs).
     "speecht5": Override(config={"speech_decoder_prenet_dropout": 0.0}),
+    # VITS samples its durations and its prior latents (torch.randn scaled by noise_scale_duration and
+    # noise_scale) in every forward: two CPU runs give waveforms of different lengths. With both scales 0
+    # it decodes the predicted means (its deterministic setting); every layer still runs.
+    "vits": Override(config={"noise_scale": 0.0, "noise_scale_duration": 0.0}),
     # LFM2-MoE's config class leaves layer_types None (its checkpoints list them) while the decoder
     # indexes it per layer: one short-convolution layer and one attention layer, the two kinds it has.
     "lfm2_moe": Override(config={"layer_types": ["conv", "full_attention"]}),
@@ -78,6 +82,15 @@ OVERRIDES: dict[str, Override] = {
     # an id inside the shrunk vocabulary, clear of the special ids remapped to its top (the input builder
     # keeps every *_token_id out of the random text).
     "qwen2_5_omni_thinker": Override(config={"vision_start_token_id": 900}),
+    # GLM-4.1V rotates half of each head (its checkpoints say partial_rotary_factor 0.5) over M-RoPE
+    # sections [8, 12, 12] that its rotary embedding defaults to: 32 frequencies of a 64-dim rotation. The
+    # config class leaves the factor at 1.0, and the sections then split 64 frequencies.
+    "glm4v": Override(config={"text_config.rope_parameters.partial_rotary_factor": 0.5}),
+    # PP-DocLayoutV4 initialises every BatchNorm weight ~ N(0, initializer_range = 0.01): through the
+    # shrunk backbone the features vanish (encoder memory ~1e-19), every anchor gets the same class score,
+    # and the decoder's top-k query selection is a full tie that CPU and tpu break differently (both
+    # valid). A wider init keeps the scores apart (trained checkpoints have BatchNorm weights near 1).
+    "pp_doclayout_v4": Override(config={"initializer_range": 0.5}),
     # Probabilistic forecasters: the default config leaves prediction/context lengths unset.
     "time_series_transformer": Override(config={"prediction_length": 4, "context_length": 8}),
     "informer": Override(config={"prediction_length": 4, "context_length": 8}),
