@@ -36,6 +36,78 @@ def per_op(n_ops: int, rounds: int) -> dict:
     return {k: v["median_s"] / n_ops * 1e6 for k, v in res.items()}
 
 
+def per_op_breakdown(batches: int = 25, calls: int = 200) -> dict:
+    """Where a small add's time goes (us per call; the median over interleaved batches): torch's dispatcher
+    calling a Python kernel that does nothing (a custom op: the floor of any kernel written in Python), the
+    add through the dispatcher and hf_tpu's kernel for it called directly, in Strict and DeferAndFuse, and
+    its cached JAX executable called directly and from inside a dispatcher-invoked kernel."""
+    import time
+
+    from hf_tpu.runtime.execution import dispatch
+    from hf_tpu.runtime.launch import modes
+    from hf_tpu.runtime.lowerings.table import TABLE
+    from hf_tpu.runtime.tensors.tensor import op_input
+
+    x = torch.randn(4, 4).to("tpu")
+    out = x + 1.0
+    add = torch.ops.aten.add.Tensor
+    kernel = dispatch.OpKernel(add, TABLE[add])
+    kernel(x, 1.0)
+    entry = next(iter(kernel.cache.values()))
+    array = op_input(x, False)[0]
+    lib = torch.library.Library("hf_tpu_bench", "FRAGMENT")
+    lib.define("nothing(Tensor a, Scalar b) -> Tensor")
+    lib.define("executable(Tensor a, Scalar b) -> Tensor")
+    lib.impl("nothing", lambda a, b: out, "PrivateUse1")
+
+    def run_executable(a, b):
+        entry.fn(array)
+        return out
+
+    lib.impl("executable", run_executable, "PrivateUse1")
+    nothing, executable = torch.ops.hf_tpu_bench.nothing.default, torch.ops.hf_tpu_bench.executable.default
+    cases = {
+        "python_kernel_floor": (lambda: nothing(x, 1.0), False),
+        "strict_via_dispatcher": (lambda: x + 1.0, False),
+        "strict_kernel_direct": (lambda: kernel(x, 1.0), False),
+        "defer_via_dispatcher": (lambda: x + 1.0, True),
+        "defer_kernel_direct": (lambda: kernel(x, 1.0), True),
+        "executable_direct": (lambda: entry.fn(array), False),
+        "executable_in_kernel": (lambda: executable(x, 1.0), False),
+    }
+    times: dict = {name: [] for name in cases}
+    for _ in range(batches):
+        for name, (fn, deferred) in cases.items():
+            modes.set_eager_mode("defer_and_fuse" if deferred else "defer_never")
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
+            modes.set_eager_mode("defer_never")  # runs what was recorded, outside the timing
+    del lib
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
+def breakdown_lines(us: dict) -> list[str]:
+    rows = [
+        ("torch dispatcher -> a Python kernel that does nothing (custom op)", "python_kernel_floor"),
+        ("Strict `x + 1.0` through the dispatcher", "strict_via_dispatcher"),
+        ("Strict: hf_tpu's add kernel called directly", "strict_kernel_direct"),
+        ("DeferAndFuse `x + 1.0` through the dispatcher (recording)", "defer_via_dispatcher"),
+        ("DeferAndFuse: hf_tpu's add kernel called directly (recording)", "defer_kernel_direct"),
+        ("the add's cached JAX executable, called directly", "executable_direct"),
+        ("the same executable inside a dispatcher-invoked Python kernel", "executable_in_kernel"),
+    ]
+    return [
+        "Where a small add's time goes (us per call, median of 25 interleaved batches of 200; 4x4 fp32):",
+        "",
+        "| path | us |",
+        "|---|---:|",
+        *[f"| {label} | {us[key]:.2f} |" for label, key in rows],
+        "",
+    ]
+
+
 def sustained_per_op(n_ops: int = 200_000) -> dict:
     """Wall time per add over one long loop, everything included: the cyclic GC's collections and
     the sweeps of dead buffers happen every few thousand ops, which a median of short rounds skips."""
@@ -167,12 +239,19 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--no-path-comparison", action="store_true", help="skip the native vs Python path runs"
     )
+    parser.add_argument(
+        "--breakdown-only", action="store_true", help="print where a small add's time goes, write nothing"
+    )
     args = parser.parse_args(argv)
     if args.path_child:
         path_child(args.rounds, args.models.split(","))
         return 0
+    if args.breakdown_only:
+        print("\n".join(breakdown_lines(per_op_breakdown())))
+        return 0
 
     us = per_op(1000, rounds=args.rounds)
+    breakdown = per_op_breakdown()
     sustained = sustained_per_op()
     writes_ms = in_place_writes(args.rounds)
     rows = []
@@ -214,6 +293,7 @@ def main(argv=None) -> int:
         f"whole tensor), per pair: torch CPU {writes_ms['torch_cpu']:.2f} ms, tpu Strict "
         f"{writes_ms['tpu_strict']:.2f} ms (the buffer is updated in place, not copied).",
         "",
+        *breakdown_lines(breakdown),
         "Forward latency, median of interleaved rounds (sizes: benchmarks/models.py).",
         "",
         "| size | model | params | torch eager (ms) | Strict (ms) | ratio (Strict/torch) | Strict first call (s) |",
@@ -265,6 +345,7 @@ def main(argv=None) -> int:
             "env": environment(),
             "per_op_us": us,
             "sustained_per_op_us": sustained,
+            "per_op_breakdown_us": breakdown,
             "in_place_write_ms": writes_ms,
             "models": rows,
             "geomean_ratio": by_size,
