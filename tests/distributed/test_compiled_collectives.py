@@ -58,6 +58,7 @@ def test_grid_of_finds_the_mesh_whose_lines_are_a_graphs_groups():
         (((0, 1), (0, 2)), 0, 8, "not the rows and columns"),  # 4 of 8 ranks: no axis of stride 4
         (((0, 1), (0, 2)), 0, 3, "does not hold exactly"),  # a 2x2 grid is not 3 ranks
         (((0, 2, 3), (0, 1)), 0, 4, "one stride"),
+        (((0, 1), (0, 2), (0, 3)), 0, 4, "does not cover whole axes"),  # stride 3 starts no axis
     ]:
         grid, axes, why = grid_of(groups, me, world)
         assert grid is None and reason in why, (groups, why)

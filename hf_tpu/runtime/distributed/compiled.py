@@ -18,6 +18,7 @@ backend's op-by-op path (`spmd_plan` says why).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass, field
 
@@ -228,10 +229,11 @@ def grid_of(groups: tuple, me: int, world: int) -> tuple[programs.Grid | None, d
     if expected != world:
         return None, {}, f"the grid of the groups does not hold exactly the {world} ranks"
     names = {stride: f"stride{stride}" for stride, _ in axes_sizes}
+    axis_at = {stride: k for k, (stride, _) in enumerate(axes_sizes)}
     axes = {}
     for stride, n, ranks in runs:
-        first = [k for k, (s_, _) in enumerate(axes_sizes) if s_ == stride][0]
-        covered, k = 1, first
+        first = k = axis_at.get(stride, len(axes_sizes))
+        covered = 1
         while covered < n and k < len(axes_sizes):
             covered *= axes_sizes[k][1]
             k += 1
@@ -265,6 +267,15 @@ class SpmdProgram:
 
     def _cache_size(self) -> int:  # read like jax.jit's by the compile backend's recompile warning
         return len(self._compiled)
+
+    @contextlib.contextmanager
+    def _axes_bound(self):
+        """The plan's axis per group, for the lowerings that run while JAX traces the graph."""
+        _tracing.axes = self._axes
+        try:
+            yield
+        finally:
+            _tracing.axes = None
 
     def _agree(self, dynamic: list) -> None:
         """Every rank's inputs must have equal shapes and dtypes (else each would compile its own program
@@ -313,11 +324,8 @@ class SpmdProgram:
     def __call__(self, *args):
         program, out_shapes, dynamic = self._program(args)
         self._agree(dynamic)
-        _tracing.axes = self._axes  # read by the lowerings if this call traces the graph
-        try:
+        with self._axes_bound():  # read by the lowerings if this call traces the graph
             outs = program(*[programs.flat_global(self._ranks, a) for a in dynamic])
-        finally:
-            _tracing.axes = None
         with _stats_lock:
             stats["calls"] += 1
         return tuple(programs.local_result(o, s) for o, s in zip(outs, out_shapes))
@@ -326,10 +334,7 @@ class SpmdProgram:
         """As `jax.jit(...).lower`: the executable for these (abstract) arguments, over the group's mesh
         (`GraphProgram.compiled_text` shows its HLO, collectives included)."""
         program, _, dynamic = self._program(args)
-        _tracing.axes = self._axes
-        try:
+        with self._axes_bound():
             return program.lower(
                 *[programs.global_struct(self._ranks, tuple(a.shape), a.dtype) for a in dynamic]
             )
-        finally:
-            _tracing.axes = None
