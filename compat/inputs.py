@@ -651,9 +651,41 @@ def _patch_grid_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int)
     return out
 
 
+def _glm_image_inputs(model: Any, plan: Plan, gen: torch.Generator, batch: int) -> dict[str, Any]:
+    """GLM-Image, image-to-image: each sample's image_grid_thw rows are its source images' grids and
+    then the grid of the image to generate (images_per_sample counts both); the model encodes the
+    sources, quantises them to VQ codes that replace the image tokens between the image start/end
+    tokens, and gives the target grid its M-RoPE positions. One source image per sample, then text, then
+    the image start token that opens the image to generate (as its processor writes the prompt)."""
+    cfg = model.config
+    pixel_values, thw, n_tokens = _patches(cfg.vision_config, gen, batch)
+    start, end, image = cfg.image_start_token_id, cfg.image_end_token_id, cfg.image_token_id
+    text = random_ids(gen, (batch, SEQ_LEN), cfg.text_config.vocab_size, special_token_ids(cfg))
+    ids = torch.cat(
+        [
+            torch.full((batch, 1), start),
+            torch.full((batch, n_tokens), image),
+            torch.full((batch, 1), end),
+            text,
+            torch.full((batch, 1), start),
+        ],
+        dim=1,
+    )
+    target = thw[:1].clone()  # the image to generate: a grid of the source's size
+    grids = torch.cat([torch.cat([src[None], target]) for src in thw])
+    return {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values": pixel_values,
+        "image_grid_thw": grids,
+        "images_per_sample": torch.full((batch,), 2),
+    }
+
+
 BUILDERS: dict[str, Callable[[Any, Plan, torch.Generator, int], dict[str, Any]]] = {
     "qwen_vl": _qwen_vl_inputs,
     "patch_grid": _patch_grid_inputs,
+    "glm_image": _glm_image_inputs,
 }
 
 

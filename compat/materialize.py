@@ -301,7 +301,7 @@ def _plan_transformers(entry: dict[str, Any], tier: str, resolved: Any = None) -
             shrunk = shrink_config_dict(full, model=mid)
         except ShrinkError as exc:
             raise HarnessError(f"{mid}: cannot shrink the config: {exc}") from None
-        _ov.apply_config_patch(shrunk, _ov.override_for(model_type).config)
+        _ov.patch_config(shrunk, model_type)
         _no_cache(shrunk)
         _pad_for_pooling(shrunk, cls.__name__)
         _encoder_only(shrunk, cls.__name__)

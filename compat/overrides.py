@@ -16,7 +16,8 @@ class Override:
     """How one model_type departs from the generic path.
 
     config: patched into the shrunk config dict after shrinking; dotted keys reach sub-configs
-        ("vision_config.image_size").
+        ("vision_config.image_size"). It patches every config of this model_type, the root's or a nested
+        sub-config's (a text_config shared by several VLMs, or loaded alone), relative to that config.
     inputs: extra forward kwargs (plain values) merged into the built inputs.
     builder: name of a dedicated input builder in compat.inputs (for layouts the generic one cannot guess).
     seq_len: text length for this model (e.g. a multiple of a chunk length).
@@ -82,15 +83,36 @@ OVERRIDES: dict[str, Override] = {
     # an id inside the shrunk vocabulary, clear of the special ids remapped to its top (the input builder
     # keeps every *_token_id out of the random text).
     "qwen2_5_omni_thinker": Override(config={"vision_start_token_id": 900}),
-    # GLM-4.1V rotates half of each head (its checkpoints say partial_rotary_factor 0.5) over M-RoPE
-    # sections [8, 12, 12] that its rotary embedding defaults to: 32 frequencies of a 64-dim rotation. The
-    # config class leaves the factor at 1.0, and the sections then split 64 frequencies.
-    "glm4v": Override(config={"text_config.rope_parameters.partial_rotary_factor": 0.5}),
-    # PP-DocLayoutV4 initialises every BatchNorm weight ~ N(0, initializer_range = 0.01): through the
+    # GLM-4.1V's text model (in Glm4v, Glm46V, GlmGA, or alone) and GLM-Image's rotate half of each head
+    # (their checkpoints say partial_rotary_factor 0.5) over M-RoPE sections [8, 12, 12] that their rotary
+    # embeddings default to: 32 frequencies of a 64-dim rotation. The config classes leave the factor at
+    # 1.0, and the sections then split 64 frequencies.
+    **{
+        mt: Override(config={"rope_parameters.partial_rotary_factor": 0.5})
+        for mt in ("glm4v_text", "glm_image_text")
+    },
+    # GLM-4.5V's text model rotates the same 32 frequencies (half of a 128-dim head; its class already
+    # says 0.5), and its checkpoints set head_dim 128 (96 heads x 128 != its 4096 width). The class leaves
+    # head_dim None, so the shrinker derives 4096 / 96 -> 64-dim heads: 16 frequencies for the sections.
+    "glm4v_moe_text": Override(config={"head_dim": 128}),
+    # GLM-Image quantises its vision tower's output with a VQ codebook whose codes become text tokens (the
+    # checkpoint's text vocabulary opens with its 16384 codes, below the image start/end ids): the
+    # codebook must stay inside the shrunk vocabulary, under the special ids the shrinker moves to its
+    # top, and the quantiser's input (latent_channels) is the vision width, pinned here with it. Its
+    # inputs list source and target image grids per sample (a builder of its own).
+    "glm_image": Override(
+        config={
+            "vision_config.hidden_size": 192,
+            "vq_config.latent_channels": 192,
+            "vq_config.num_embeddings": 128,
+        },
+        builder="glm_image",
+    ),
+    # PP-DocLayoutV3 and V4 initialise every BatchNorm weight ~ N(0, initializer_range = 0.01): through the
     # shrunk backbone the features vanish (encoder memory ~1e-19), every anchor gets the same class score,
     # and the decoder's top-k query selection is a full tie that CPU and tpu break differently (both
     # valid). A wider init keeps the scores apart (trained checkpoints have BatchNorm weights near 1).
-    "pp_doclayout_v4": Override(config={"initializer_range": 0.5}),
+    **{mt: Override(config={"initializer_range": 0.5}) for mt in ("pp_doclayout_v3", "pp_doclayout_v4")},
     # Probabilistic forecasters: the default config leaves prediction/context lengths unset.
     "time_series_transformer": Override(config={"prediction_length": 4, "context_length": 8}),
     "informer": Override(config={"prediction_length": 4, "context_length": 8}),
@@ -115,6 +137,22 @@ OVERRIDES: dict[str, Override] = {
 def override_for(model_type: str | None) -> Override:
     """The override for a model_type, or an empty one."""
     return OVERRIDES.get(model_type or "", Override())
+
+
+def patch_config(config: dict[str, Any], model_type: str | None) -> dict[str, Any]:
+    """Apply the overrides' config patches to a shrunk config dict in place: the root's (by
+    ``model_type``, the entry's) and every nested sub-config's, by the model_type that sub-config names."""
+
+    def nested(node: dict[str, Any]) -> None:
+        for value in node.values():
+            if isinstance(value, dict):
+                nested(value)
+                sub = value.get("model_type")
+                if isinstance(sub, str) and sub in OVERRIDES:
+                    apply_config_patch(value, OVERRIDES[sub].config)
+
+    nested(config)
+    return apply_config_patch(config, override_for(model_type).config)
 
 
 def apply_config_patch(config: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:

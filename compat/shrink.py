@@ -215,7 +215,13 @@ def _tie_backbone_channels(node: dict[str, Any]) -> None:
     sizes, idx = bb.get("stage_out_channels") or bb.get("hidden_sizes"), bb.get("out_indices")
     if not (isinstance(sizes, list) and isinstance(idx, list) and idx and all(_int(i) for i in sizes + idx)):
         return
-    if len(idx) == len(enc) and all(1 <= i <= len(sizes) for i in idx):
+    if not all(1 <= i <= len(sizes) for i in idx):
+        return
+    # PP-DocLayoutV3 takes one map more than its encoder: the first (stride 4) feeds its mask branch,
+    # whose lateral convolution takes x4_feat_dim channels
+    if len(idx) == len(enc) + 1 and _int(node.get("x4_feat_dim")):
+        node["x4_feat_dim"], idx = sizes[idx[0] - 1], idx[1:]
+    if len(idx) == len(enc):
         node["encoder_in_channels"] = [sizes[i - 1] for i in idx]  # index 0 is the stem
 
 

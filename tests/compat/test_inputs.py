@@ -191,3 +191,21 @@ def test_apply_config_patch_reaches_subconfigs():
     cfg = {"vision_config": {"image_size": 224}}
     apply_config_patch(cfg, {"vision_config.image_size": 56, "new.key": 1})
     assert cfg == {"vision_config": {"image_size": 56}, "new": {"key": 1}}
+
+
+def test_config_patches_reach_subconfigs_by_their_own_model_type():
+    # a patch keyed by a sub-config's model_type applies to it wherever it sits, relative to it; the root
+    # takes the entry's model_type
+    from compat.overrides import OVERRIDES, patch_config
+
+    cfg = {
+        "model_type": "glm46v",
+        "text_config": {"model_type": "glm4v_text", "rope_parameters": {"rope_theta": 1.0}},
+        "vision_config": {"model_type": "glm4v_vision"},
+    }
+    patch_config(cfg, "glm46v")
+    assert cfg["text_config"]["rope_parameters"] == {"rope_theta": 1.0, "partial_rotary_factor": 0.5}
+    assert "rope_parameters" not in cfg and cfg["vision_config"] == {"model_type": "glm4v_vision"}
+    root = {"model_type": "glm4v_text", "rope_parameters": {}}
+    assert patch_config(root, "glm4v_text")["rope_parameters"] == {"partial_rotary_factor": 0.5}
+    assert "glm4v_text" in OVERRIDES

@@ -401,10 +401,11 @@ def test_longformer_pair_heads_find_the_question_by_three_separators(arch):
     assert _forward(model, plan, kwargs)[0].shape[0] == 2  # start logits, or one score per choice
 
 
-def test_pp_doclayout_v4_query_selection_is_not_a_tie():
+@pytest.mark.parametrize("arch", ["PPDocLayoutV3ForObjectDetection", "PPDocLayoutV4ForObjectDetection"])
+def test_pp_doclayout_query_selection_is_not_a_tie(arch):
     # with its 0.01 BatchNorm init the shrunk backbone's features vanish and all anchors score the same:
     # top-k then picks queries by tie-breaking, which differs between devices (a failed compare, not a bug)
-    model, plan = _model("PPDocLayoutV4ForObjectDetection", task="object-detection")
+    model, plan = _model(arch, task="object-detection")
     scores = []
     model.model.enc_score_head.register_forward_hook(lambda m, a, out: scores.append(out.max(-1).values))
     _forward(model, plan, build_inputs(model, plan))
@@ -419,3 +420,60 @@ def test_vits_decodes_its_means():
     kwargs = build_inputs(model, plan)
     first, second = _forward(model, plan, kwargs), _forward(model, plan, kwargs)
     assert torch.equal(first.waveform, second.waveform)
+
+
+# ------------------------------- the last harness errors of the 5,000 sample: Glm4vMoe, GlmImage, PP-DocLayoutV3
+
+
+@pytest.mark.parametrize(
+    ("arch", "task"),
+    [
+        ("Glm4vMoeForConditionalGeneration", "image-text-to-text"),
+        ("Glm4vMoeTextModel", "feature-extraction"),  # the text config at the root: the same patch
+        ("Glm46VForConditionalGeneration", "image-text-to-text"),  # a glm4v_text config under glm46v
+    ],
+)
+def test_glm_mrope_sections_fit_the_rotated_half_of_a_head(arch, task):
+    # the M-RoPE sections [8, 12, 12] split head_dim * partial_rotary_factor / 2 = 32 frequencies: GLM-4.5V
+    # keeps its checkpoints' 128-dim heads (4096 / 96 heads is no whole head), GLM-4.1V's text model rotates
+    # half of each head wherever its config sits (overrides patch sub-configs by their own model_type)
+    model, plan = _model(arch, task=task)
+    text = plan.config.get("text_config", plan.config)
+    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
+    assert head_dim * text["rope_parameters"]["partial_rotary_factor"] // 2 == sum([8, 12, 12])
+    _forward(model, plan, build_inputs(model, plan))
+
+
+def test_glm4v_moe_runs_on_tpu(tmp_path):
+    plan = plan_entry({"id": "t/glm4v_moe", "architecture": "Glm4vMoeForConditionalGeneration"})
+    rec = _on_tpu(plan, tmp_path)
+    assert rec["status"] == "pass", rec["error"]
+
+
+def test_glm_image_encodes_its_source_images_into_vq_tokens(tmp_path):
+    # image-to-image: per sample a source grid, then the grid to generate (images_per_sample counts both);
+    # the sources' VQ codes replace the image tokens, so they must be text ids below the special ids
+    model, plan = _model("GlmImageModel", task="feature-extraction")
+    kwargs = build_inputs(model, plan)
+    assert kwargs["images_per_sample"].tolist() == [2, 2] and len(kwargs["image_grid_thw"]) == 4
+    cfg = model.config
+    assert cfg.vq_config.latent_channels == cfg.vision_config.hidden_size
+    assert cfg.vq_config.num_embeddings <= min(cfg.image_start_token_id, cfg.image_end_token_id)
+    codes = []
+    model.vqmodel.quantize.register_forward_hook(lambda m, a, out: codes.append(out[2]))
+    out = _forward(model, plan, kwargs)
+    assert sum(c.numel() for c in codes) == (kwargs["input_ids"] == cfg.image_token_id).sum()
+    assert out.last_hidden_state.shape[:2] == kwargs["input_ids"].shape
+    rec = _on_tpu(plan, tmp_path)
+    assert rec["status"] == "pass", rec["error"]
+
+
+def test_pp_doclayout_v3_mask_branch_takes_the_first_backbone_map():
+    # the backbone hands out four maps: the first (stride 4) feeds the mask branch (x4_feat_dim channels),
+    # the other three the encoder (encoder_in_channels); both follow the shrunk stage widths
+    small = shrink_config_dict(_cfg("pp_doclayout_v3"))
+    out = small["backbone_config"]["stage_out_channels"]
+    assert small["x4_feat_dim"] == out[0]
+    assert small["encoder_in_channels"] == out[1:]
+    model, plan = _model("PPDocLayoutV3ForObjectDetection", task="object-detection")
+    assert _forward(model, plan, build_inputs(model, plan)).logits.shape[0] == 2
