@@ -27,7 +27,7 @@ install: $(STAMP) native
 MULTICHIP_FLAGS := --xla_force_host_platform_device_count=8
 
 # the tests whose behaviour depends on the C++ extension, again on the pure-Python path
-PYTHON_PATH_TESTS := tests/runtime/test_native.py tests/runtime/test_pinned.py tests/runtime/test_rng.py \
+PYTHON_PATH_TESTS := tests/runtime/test_native.py tests/runtime/test_lazy.py tests/runtime/test_native_recording.py tests/runtime/test_pinned.py tests/runtime/test_rng.py \
 	tests/runtime/test_graph_inputs.py \
 	tests/runtime/test_host_copies.py tests/runtime/test_device.py tests/runtime/test_storage_resize.py \
 	tests/integrations/test_generate_paths.py::test_watermarked_generate_matches_cpu \

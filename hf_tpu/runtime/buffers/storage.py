@@ -28,6 +28,10 @@ _free_weak_ref = torch.UntypedStorage._free_weak_ref
 _construct = torch._C._construct_storage_from_data_pointer
 _native = native.load()
 _new_device_tensor = None if _native is None else _native.new_device_tensor
+# op outputs the C++ recorder made (DeferAndFuse) have pointers from here up, and no payload until
+# Python is handed its trace (`drain_native`)
+NATIVE_FIRST_PTR = None if _native is None else _native.FIRST_RECORDED_PTR
+_native_pending = None if _native is None else _native.pending
 
 
 class Payload:
@@ -68,13 +72,23 @@ class StorageRegistry:
         # pointers of payloads that were given a pending LazyValue (materialized at the next flush);
         # pointers, not payloads, so a storage that dies before the flush does not keep its value live
         self._pending: list[int] = []
+        # takes over the C++ recorder's trace (execution.native_recording), installed with its kernels
+        self.drain = None
+
+    def drain_native(self) -> None:
+        """Record what the C++ recorder holds into Python's trace: before a payload is written, flushed
+        or looked up and missing, so every op is recorded in program order."""
+        if self.drain is not None and _native_pending():
+            self.drain()
 
     # -- allocation -------------------------------------------------------------------------------
-    def _reserve(self, nbytes: int, counted: bool) -> tuple[int, bool]:
-        """A fresh unique fake pointer for `nbytes` (and the accounting); True when a sweep is due."""
+    def _reserve(self, nbytes: int, counted: bool, ptr: int | None = None) -> tuple[int, bool]:
+        """A fresh unique fake pointer for `nbytes` (or `ptr`, one the C++ recorder reserved) and the
+        accounting; True when a sweep is due."""
         with self._lock:
-            ptr = self._next_ptr
-            self._next_ptr += (nbytes + _ALIGN) // _ALIGN * _ALIGN
+            if ptr is None:
+                ptr = self._next_ptr
+                self._next_ptr += (nbytes + _ALIGN) // _ALIGN * _ALIGN
             self._since_sweep += 1
             self._bytes_since_sweep += nbytes
             if counted:
@@ -135,6 +149,20 @@ class StorageRegistry:
             self._pending.append(ptr)
         return t
 
+    def adopt_recorded(
+        self, ptr: int, weak: int, shape: tuple, dtype: torch.dtype, nbytes: int, array
+    ) -> None:
+        """Give the storage of an output the C++ recorder made (fake pointer `ptr`, raw weak reference
+        `weak`) its payload."""
+        lazy = type(array) is LazyValue
+        counted = not lazy and array is not None
+        _, sweep = self._reserve(nbytes, counted, ptr)
+        self._payloads[ptr] = Payload(weak, array, shape, dtype, nbytes, counted)
+        if lazy:
+            self._pending.append(ptr)
+        if sweep:
+            self.sweep()
+
     def resize(
         self, storage: torch.UntypedStorage, nbytes: int, shape: tuple, dtype: torch.dtype, array
     ) -> int:
@@ -143,6 +171,7 @@ class StorageRegistry:
         storages' byte ranges ever overlap), and its payload, re-keyed, holds `array` in `shape`/`dtype`.
         Returns the new pointer."""
         old_ptr = storage.data_ptr()
+        self.drain_native()
         if old_ptr not in self._payloads:
             raise RuntimeError("hf_tpu: cannot resize a tpu storage without a payload")
         counted = _is_buffer(array)
@@ -174,9 +203,15 @@ class StorageRegistry:
                 self.store(p, p.array.concrete)
 
     def payload(self, ptr: int) -> Payload | None:
-        return self._payloads.get(ptr)
+        p = self._payloads.get(ptr)
+        if p is None and NATIVE_FIRST_PTR is not None and ptr >= NATIVE_FIRST_PTR:
+            self.drain_native()
+            p = self._payloads.get(ptr)
+        return p
 
     def set_array(self, ptr: int, array) -> None:
+        if self.drain is not None and _native_pending():
+            self.drain()
         p = self._payloads[ptr]
         if type(array) is LazyValue:
             self._pending.append(ptr)

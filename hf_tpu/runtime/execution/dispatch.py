@@ -22,9 +22,10 @@ import torch
 from hf_tpu.runtime import arg_checks
 from hf_tpu.runtime.buffers import executables, memory, placement, platform
 from hf_tpu.runtime.buffers.dtypes import to_jax_dtype, to_torch_dtype
+from hf_tpu.runtime.buffers.platform import MULTI_CHIP
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import DONATION_LOCK, update_lock
-from hf_tpu.runtime.execution import write_plans
+from hf_tpu.runtime.execution import native_recording, write_plans
 from hf_tpu.runtime.execution.out_specs import (
     UNKNOWN,
     LaidOut,
@@ -134,13 +135,14 @@ def _freeze(value):
 
 
 class _Entry:
-    __slots__ = ("fn", "spec", "lazy_avals", "op")
+    __slots__ = ("fn", "spec", "lazy_avals", "op", "native_spec")
 
     def __init__(self, fn, spec, op):
         self.fn = fn
         self.spec = spec
         self.lazy_avals = None  # output avals, filled by DeferAndFuse's first recording
         self.op = op  # the overload, named when a DeferAndFuse flush fails in it
+        self.native_spec = None  # its outputs as the C++ recorder makes them (native_recording.out_spec)
 
 
 _VALUE = object()  # template entry of a tensor passed as its own value
@@ -241,6 +243,8 @@ class OpKernel:
         self.checks = arg_checks.for_op(self.functional)
         # in-place/out=: CPU's memory-overlap checks of the destination (overlap.policy), or None
         self.overlap = None if mode == "functional" else overlap.policy(op, self.functional)
+        # the C++ recorder can record it (one fresh output, no random draw): native_recording.py
+        self.teachable = native_recording.teach is not None and mode == "functional" and not lowering.random
 
     # -- entry point from the dispatcher --------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -481,6 +485,14 @@ class OpKernel:
             leaves.insert(0, rng.next_material() if generator is None else rng.material_of(generator))
         try:
             if lazy._enabled:
+                if self.teachable and not MULTI_CHIP[0]:
+                    # the C++ recorder may record this op from now on (native_recording.py); it checks
+                    # the rest (the tensors it keyed, no traced number among the leaves)
+                    spec = entry.native_spec
+                    if spec is None:
+                        spec = entry.native_spec = native_recording.out_spec(entry.spec)
+                    if spec:
+                        native_recording.teach(self, entry, spec, fargs, views, leaves)
                 return lazy.call(entry.fn, leaves, entry), entry.spec
             if bake:  # another thread left DeferAndFuse during this op: its inputs may still be pending
                 leaves = [lazy.concrete(x) if type(x) is LazyValue else x for x in leaves]

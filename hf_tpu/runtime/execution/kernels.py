@@ -12,7 +12,7 @@ import torch
 
 from hf_tpu.runtime import arg_checks, lowerings
 from hf_tpu.runtime.buffers import platform
-from hf_tpu.runtime.execution import dispatch, view_kernels
+from hf_tpu.runtime.execution import dispatch, native_recording, view_kernels
 from hf_tpu.runtime.lowerings.table import TABLE
 
 _lock = threading.RLock()
@@ -52,16 +52,24 @@ def _register_kernels() -> None:
     lowerings.load_all()
     arg_checks.load_all()
     impl = torch.library.Library("aten", "IMPL")
-    view_kernels.register_view_kernels(impl)
+    view_kernels.register_view_kernels(impl, native_recording.metadata_kernel_registrar())
     registered = set()
+
+    def register(op, kernel) -> None:
+        # an OpKernel runs behind the C++ recorder when the extension is there (native_recording.py)
+        if not (
+            isinstance(kernel, dispatch.OpKernel) and native_recording.register(op, kernel, kernel.teachable)
+        ):
+            impl.impl(op, kernel, "PrivateUse1")
+        registered.add(op)
+
     for op, lowering in list(TABLE.items()):
         kernel = (
             dispatch.host_kernel(op, lowering.fn)
             if lowering.kind == "host"
             else dispatch.OpKernel(op, lowering)
         )
-        impl.impl(op, kernel, "PrivateUse1")
-        registered.add(op)
+        register(op, kernel)
     # derived in-place and out= variants of every lowered functional op
     for op in list(TABLE):
         name = op._schema.name.removeprefix("aten::")
@@ -75,6 +83,6 @@ def _register_kernels() -> None:
                     continue
                 kernel = dispatch.derived_kernel(cand)
                 if kernel is not None:
-                    impl.impl(cand, kernel, "PrivateUse1")
-                    registered.add(cand)
+                    register(cand, kernel)
     _libs.append(impl)
+    native_recording.install()

@@ -61,8 +61,13 @@ def _set_empty(op):
     return kernel
 
 
-def register_view_kernels(lib: torch.library.Library) -> None:
+def register_view_kernels(lib: torch.library.Library, native_kernel=None) -> None:
+    """`native_kernel(name)`: registers the same CPU redispatch in C++ (no Python per view), when the
+    extension is in use; `set_` and its overloads stay here (storages may take the tensor's dtype)."""
     for name in METADATA_OPS:
+        if native_kernel is not None and not name.startswith("set_"):
+            native_kernel(name)
+            continue
         if name == "set_":
             kernel = _set_empty
         else:

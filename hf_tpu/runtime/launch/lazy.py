@@ -20,6 +20,7 @@ import time
 import warnings
 import weakref
 
+from hf_tpu.runtime import native
 from hf_tpu.runtime.buffers import executables, platform
 from hf_tpu.runtime.buffers.pending import LazyValue
 
@@ -135,7 +136,9 @@ def set_enabled(on: bool) -> None:
         if on:
             _flush_at_optimizer_steps()
         _enabled = on
+        _set_native_recording(on)
         return
+    _set_native_recording(False)
     try:
         flush("mode change")
     finally:
@@ -143,6 +146,18 @@ def set_enabled(on: bool) -> None:
 
 
 _step_hook: list = []
+_native_module = native.load()
+_set_native_recording = (
+    (lambda on: None) if _native_module is None else _native_module.set_recording
+)  # the C++ recorder (execution.native_recording) records while this mode is on
+_set_native_room = (lambda n: None) if _native_module is None else _native_module.set_max_pending
+
+
+def room() -> int:
+    """Ops the current trace takes before the graph-size limit cuts it: the C++ recorder hands its
+    trace over when it holds that many, so the limit cuts at the same op either way."""
+    trace = _trace
+    return MAX_OPS if trace is None else max(1, trace.cut_at - len(trace.ops))
 
 
 def _flush_at_optimizer_steps() -> None:
@@ -250,6 +265,8 @@ def call(fn, args, holder=None, avals=None):
         if n == MAX_OPS // 2:
             trace.cut_at = _aligned_cut(trace.ops, n)
         too_long = n >= trace.cut_at
+        if _enabled:
+            _set_native_room(trace.cut_at - n)  # `room()`
     if too_long:
         flush("graph size limit")
         # computed now (they were live): hand back the arrays, which the caller stores as buffers
@@ -307,6 +324,14 @@ def concrete(value):
     return value
 
 
+def failed_value(shape: tuple, dtype, op_name: str) -> LazyValue:
+    """A value that will never be computed because recording `op_name` failed: reading it raises,
+    naming the op."""
+    value = LazyValue(tuple(shape), dtype, None, None)
+    value.failed_op = op_name
+    return value
+
+
 class LostValueError(RuntimeError):
     """A DeferAndFuse value that was never computed: the op it came from (or an input of it) failed."""
 
@@ -341,16 +366,18 @@ def _replay(ops, outputs):
 def flush(reason: str = "explicit") -> None:
     """Compile (or reuse) and run the pending trace; every live LazyValue becomes concrete."""
     global _trace
+    from hf_tpu.runtime.buffers.storage import REGISTRY
+
+    REGISTRY.drain_native()  # what the C++ recorder holds joins this trace
     with _lock:
         trace = _trace
+        _set_native_room(MAX_OPS)
         if trace is None or not trace.ops:
             _trace = None
             return
         _trace = None
         # drop payloads of dead storages first: the live-output set (part of the cache key) must not
         # depend on when the registry last swept
-        from hf_tpu.runtime.buffers.storage import REGISTRY
-
         REGISTRY.sweep_pending()
         # a value is live when something besides the trace's list (and getrefcount's argument and
         # this loop's variable) holds it: a storage's payload, or the caller

@@ -7,7 +7,7 @@ import sysconfig
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "csrc" / "tpu_native.cpp"
+SOURCES = (HERE / "csrc" / "tpu_native.cpp", HERE / "csrc" / "recorder.cpp")
 MODULE = "_hf_tpu_native"
 
 
@@ -20,10 +20,12 @@ def _stamp_path() -> Path:
 
 
 def fingerprint() -> str:
-    """What a build depends on: the source, torch's version and ABI, and the Python ABI."""
+    """What a build depends on: the sources, torch's version and ABI, and the Python ABI."""
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(str(torch._C._GLIBCXX_USE_CXX11_ABI).encode())
     digest.update((sysconfig.get_config_var("SOABI") or "").encode())

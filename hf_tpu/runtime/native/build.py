@@ -1,6 +1,6 @@
 """Build the C++ extension in place: `python hf_tpu/runtime/native/build.py` (run by `make install`).
 
-Compiles csrc/tpu_native.cpp with the system C++ compiler against the installed torch, straight with
+Compiles csrc/*.cpp with the system C++ compiler against the installed torch, straight with
 the compiler (no ninja or setuptools needed), into this package folder, with a stamp of what it was
 built from. When no compiler is there the build says so and exits 0: hf_tpu then runs its pure-Python
 path (one warning at first use).
@@ -48,7 +48,7 @@ def compile_command(output: Path) -> list[str]:
         f"-DTORCH_EXTENSION_NAME={artifact.MODULE}",
         "-DTORCH_API_INCLUDE_EXTENSION_H",
         *(f"-I{p}" for p in includes),
-        str(artifact.SOURCE),
+        *(str(source) for source in artifact.SOURCES),
         *(f"-L{p}" for p in libdirs),
         *(f"-Wl,-rpath,{p}" for p in libdirs),
         "-lc10",

@@ -24,6 +24,7 @@ _payloads = REGISTRY._payloads
 
 def arrays_of(args: tuple) -> list:
     """Per argument: a tpu tensor's value, a CPU tensor copied to the device, anything else as it is."""
+    REGISTRY.drain_native()  # the graph may write its inputs: recorded reads of them come first
     fast = _whole_payload_arrays
     # one device thread: another thread's pending writes are read through `to_jax` (threads.py)
     if fast is None or _get_ident() != _device_thread[0] or len(_device_threads) > 1:

@@ -207,7 +207,9 @@ def op_input(t: torch.Tensor, bake_offset: bool):
         return _resolve_lazy_bits(t), None, None
     p = _payloads.get(t.untyped_storage().data_ptr())
     if p is None:
-        return _foreign(t), None, None
+        p = REGISTRY.payload(t.untyped_storage().data_ptr())  # an output of the C++ recorder, if any
+        if p is None:
+            return _foreign(t), None, None
     array = p.array if len(_device_threads) <= 1 else array_of(p)
     shape = t.shape
     offset = t.storage_offset()

@@ -381,11 +381,13 @@ py::object default_generator_object() {
   return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator()));
 }
 
+void init_recorder(py::module& m);  // recorder.cpp
+
 }  // namespace hf_tpu_native
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace hf_tpu_native;
-  m.doc() = "hf_tpu's C++ hooks: pinned host allocator, tpu generators, events";
+  m.doc() = "hf_tpu's C++ hooks (pinned host allocator, tpu generators, events) and DeferAndFuse recorder";
   m.def("register_backend", &register_backend, "Register the PrivateUse1 hooks and device guard (once)");
   m.def("set_callbacks", &set_callbacks, "Install the Python object that does the device work");
   m.def("default_generator", &default_generator_object, "The tpu default generator (torch.Generator)");
@@ -398,4 +400,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Per argument: its storage payload's array when a tpu tensor reads all of it, else None");
   m.def("pinned_bytes", []() { return PinnedHostAllocator::instance().bytes(); },
         "Bytes currently held by the pinned host allocator");
+  init_recorder(m);
 }

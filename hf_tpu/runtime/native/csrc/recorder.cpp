@@ -1,0 +1,583 @@
+// DeferAndFuse recording without entering Python.
+//
+// Every lowered op's PrivateUse1 kernel is a `RecordingKernel`: a boxed C++ kernel in front of the
+// Python one (dispatch.OpKernel). Under DeferAndFuse, a functional op whose arguments are whole
+// contiguous tpu tensors, numbers and static values is looked up by (op, argument metadata, values);
+// on a hit the kernel creates the output tensor from the cached result metadata and appends
+// (op, arguments, output) to a native trace, with no Python at all. On a miss it runs the Python
+// kernel, which teaches the cache (`teach`) when the op qualifies. The native trace is handed to Python
+// (`replay_records`) before Python next needs a payload (a read of an output it has not seen, a write,
+// a flush), and Python records each entry into its own trace from the cached executable: the program
+// it builds is the same as when every op went through Python.
+//
+// Outputs get fake data pointers from their own range (from 2^52), so Python can tell a pointer it has
+// not been handed yet without asking.
+
+#include <torch/extension.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DefaultDtype.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <torch/csrc/utils/tensor_memoryformats.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace hf_tpu_native {
+
+struct RecordingKernel;
+
+namespace {
+
+constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
+constexpr uint64_t kFirstPtr = 1ULL << 52;
+constexpr uint64_t kAlign = 64;
+
+// What a cache hit needs to make the output and what Python needs to record it. Python objects are
+// owned references never released: entries live as long as the process (they are few: one per op and
+// argument metadata).
+struct Output {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;  // PyTorch's layout of the output (a permutation of row-major)
+  at::ScalarType dtype = at::kFloat;
+  int64_t nbytes = 0;
+  PyObject* shape = nullptr;  // the shape as a tuple (the registry's payload shape)
+  PyObject* dtype_obj = nullptr;
+};
+
+struct CachedOp {
+  PyObject* entry = nullptr;  // the Python kernel's cache entry (its jitted fn, spec, output avals)
+  std::vector<Output> outputs;
+  // per tensor argument: the shape of its storage's payload the entry reads it from (a tuple), and the
+  // tensor's own metadata
+  std::vector<PyObject*> input_shapes;
+  std::vector<std::vector<int64_t>> input_sizes;
+  std::vector<std::vector<int64_t>> input_strides;
+  std::vector<int64_t> input_offsets;
+  std::vector<at::ScalarType> input_dtypes;
+  std::vector<bool> offset_leaves;  // the entry takes this input's storage offset as a traced leaf too
+};
+
+constexpr size_t kMaxEntriesPerOp = 512;  // argument metadata seen (a moving offset makes one per step)
+
+struct Record {
+  RecordingKernel* kernel;
+  c10::OperatorHandle op;
+  std::shared_ptr<const CachedOp> cached;
+  // the arguments, tensors taken out: a tensor's metadata may change after the op (`t.data = u`,
+  // `set_`), so what the op read is its storage as it was (`inputs`), seen through the cached metadata
+  std::vector<c10::IValue> args;
+  std::vector<uint32_t> tensor_positions;
+  std::vector<c10::Storage> inputs;
+  std::vector<uint64_t> out_ptrs;
+  std::vector<void*> out_weaks;
+};
+
+std::mutex trace_mutex;
+std::vector<Record> trace;
+std::atomic<size_t> pending{0};
+std::atomic<bool> recording{false};
+std::atomic<uint64_t> next_ptr{kFirstPtr};
+std::atomic<size_t> max_pending{2048};
+std::atomic<uint64_t> n_hits{0}, n_misses{0}, n_taught{0}, n_python{0};
+PyObject* drain_callback = nullptr;  // Python: hands the native trace over (kept for the process)
+
+struct TeachSlot {
+  RecordingKernel* kernel = nullptr;
+  const std::string* key = nullptr;
+  const std::vector<at::Tensor>* tensors = nullptr;
+  size_t op_returns = 0;  // tensors the op returns (each a fresh output when it can be recorded)
+};
+thread_local TeachSlot teach_slot;
+
+template <typename T>
+void put(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// One argument into the cache key; false when the op cannot be recorded natively with it.
+bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& tensors,
+            std::vector<uint32_t>& positions, uint32_t position) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined()) {
+      key.push_back('u');
+      return true;
+    }
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // `x * 0.5`: a baked-in number
+      if (t.dim() != 0 || !t.device().is_cpu()) return false;
+      key.push_back('w');
+      put(key, static_cast<int8_t>(t.scalar_type()));
+      switch (t.scalar_type()) {
+        case at::kDouble:
+          put(key, *t.const_data_ptr<double>());
+          return true;
+        case at::kLong:
+          put(key, *t.const_data_ptr<int64_t>());
+          return true;
+        case at::kBool:
+          put(key, *t.const_data_ptr<bool>());
+          return true;
+        default:
+          return false;
+      }
+    }
+    if (t.device().type() != kDevice || t.layout() != at::kStrided || !t.has_storage() || t.is_neg() ||
+        t.is_conj())
+      return false;
+    key.push_back('t');
+    put(key, static_cast<int8_t>(t.scalar_type()));
+    put(key, static_cast<int32_t>(t.dim()));
+    for (int64_t s : t.sizes()) put(key, s);
+    for (int64_t s : t.strides()) put(key, s);
+    put(key, t.storage_offset());
+    tensors.push_back(t);
+    positions.push_back(position);
+    return true;
+  }
+  if (v.isNone()) {
+    key.push_back('n');
+    return true;
+  }
+  if (v.isDouble()) {
+    key.push_back('d');
+    put(key, v.toDouble());
+    return true;
+  }
+  if (v.isInt()) {
+    key.push_back('i');
+    put(key, v.toInt());
+    return true;
+  }
+  if (v.isBool()) {
+    key.push_back('b');
+    put(key, v.toBool());
+    return true;
+  }
+  if (v.isIntList()) {
+    key.push_back('I');
+    auto list = v.toIntList();
+    put(key, static_cast<int32_t>(list.size()));
+    for (int64_t x : list) put(key, x);
+    return true;
+  }
+  if (v.isDoubleList()) {
+    key.push_back('F');
+    auto list = v.toDoubleList();
+    put(key, static_cast<int32_t>(list.size()));
+    for (double x : list) put(key, x);
+    return true;
+  }
+  if (v.isBoolList()) {
+    key.push_back('B');
+    auto list = v.toBoolList();
+    put(key, static_cast<int32_t>(list.size()));
+    for (bool x : list) put(key, x);
+    return true;
+  }
+  if (v.isString()) {
+    key.push_back('s');
+    const std::string& s = v.toStringRef();
+    put(key, static_cast<int32_t>(s.size()));
+    key.append(s);
+    return true;
+  }
+  if (v.isDevice()) {
+    key.push_back('D');
+    auto d = v.toDevice();
+    put(key, static_cast<int8_t>(d.type()));
+    put(key, static_cast<int8_t>(d.index()));
+    return true;
+  }
+  return false;  // tensor lists, generators, ...: the Python kernel
+}
+
+// An argument as the Python kernel receives it (what torch gives a kernel registered from Python:
+// dtypes, layouts and memory formats as their Python objects, wrapped numbers as Python numbers).
+py::object to_python(const c10::Argument& arg, const c10::IValue& value) {
+  if (value.isNone()) return py::none();
+  auto kind_is = [&](c10::TypeKind kind) {
+    const auto& t = arg.real_type();
+    if (t->kind() == kind) return true;
+    if (auto optional = t->cast<c10::OptionalType>()) return optional->getElementType()->kind() == kind;
+    return false;
+  };
+  if (kind_is(c10::ScalarTypeType::Kind)) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<c10::ScalarType>(value.toInt()))));
+  }
+  if (kind_is(c10::LayoutType::Kind)) {
+    return py::reinterpret_borrow<py::object>(
+        reinterpret_cast<PyObject*>(torch::getTHPLayout(static_cast<c10::Layout>(value.toInt()))));
+  }
+  if (kind_is(c10::MemoryFormatType::Kind)) {
+    return py::reinterpret_borrow<py::object>(
+        torch::utils::getTHPMemoryFormat(static_cast<c10::MemoryFormat>(value.toInt())));
+  }
+  return torch::jit::toPyObject(value);
+}
+
+std::pair<py::tuple, py::dict> python_arguments(const c10::OperatorHandle& op,
+                                                const std::vector<c10::IValue>& values) {
+  const auto& schema_args = op.schema().arguments();
+  size_t positional = 0;
+  while (positional < values.size() && !schema_args[positional].kwarg_only()) ++positional;
+  py::tuple args(positional);
+  for (size_t i = 0; i < positional; ++i) args[i] = to_python(schema_args[i], values[i]);
+  py::dict kwargs;
+  for (size_t i = positional; i < values.size(); ++i)
+    kwargs[py::str(schema_args[i].name())] = to_python(schema_args[i], values[i]);
+  return {std::move(args), std::move(kwargs)};
+}
+
+void push_python_result(const c10::OperatorHandle& op, torch::jit::Stack* stack, py::handle out) {
+  const auto& returns = op.schema().returns();
+  if (returns.empty()) return;
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, returns[0].real_type()));
+    return;
+  }
+  auto outs = py::reinterpret_borrow<py::sequence>(out);
+  TORCH_CHECK(outs.size() == returns.size(), "hf_tpu: ", op.schema().name(), " returned ", outs.size(),
+              " values, its schema says ", returns.size());
+  for (size_t i = 0; i < returns.size(); ++i)
+    stack->push_back(torch::jit::toIValue(outs[i], returns[i].real_type()));
+}
+
+// The tensor input `i` of a cached op was, over `storage`.
+at::Tensor tensor_on(c10::Storage storage, const CachedOp& cached, size_t i) {
+  at::Tensor t = at::detail::make_tensor<at::TensorImpl>(std::move(storage),
+                                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                        c10::scalarTypeToTypeMeta(cached.input_dtypes[i]));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(cached.input_sizes[i], cached.input_strides[i],
+                                                 cached.input_offsets[i]);
+  return t;
+}
+
+void call_drain_callback() {
+  py::gil_scoped_acquire gil;
+  if (drain_callback == nullptr) return;
+  PyObject* result = PyObject_CallNoArgs(drain_callback);
+  if (result == nullptr) throw python_error();
+  Py_DECREF(result);
+}
+
+}  // namespace
+
+struct RecordingKernel final : public c10::OperatorKernel {
+  RecordingKernel(PyObject* kernel, bool teachable) : py_kernel(kernel), teachable(teachable) {
+    Py_INCREF(kernel);  // never released: the registration lives as long as the process
+  }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = op.schema().arguments().size();
+    if (teachable && recording.load(std::memory_order_relaxed)) {
+      std::string key;
+      key.reserve(96);
+      std::vector<at::Tensor> tensors;
+      std::vector<uint32_t> positions;
+      auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
+      bool recordable = true;
+      for (size_t i = 0; i < n && recordable; ++i)
+        recordable = encode(first[i], key, tensors, positions, static_cast<uint32_t>(i));
+      if (recordable) {
+        put(key, static_cast<int8_t>(c10::get_default_dtype_as_scalartype()));
+        std::shared_ptr<const CachedOp> hit;
+        {
+          std::lock_guard<std::mutex> lock(mutex);
+          auto it = cache.find(key);
+          if (it != cache.end()) hit = it->second;
+        }
+        if (hit) {
+          record(op, stack, n, std::move(hit), std::move(positions));
+          return;
+        }
+        n_misses.fetch_add(1, std::memory_order_relaxed);
+        call_python(op, stack, n, &key, &tensors);
+        return;
+      }
+    }
+    call_python(op, stack, n, nullptr, nullptr);
+  }
+
+  void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n,
+              std::shared_ptr<const CachedOp> cached, std::vector<uint32_t> positions) {
+    std::vector<c10::IValue> args = torch::jit::pop(*stack, n);
+    std::vector<c10::Storage> inputs;
+    inputs.reserve(positions.size());
+    for (uint32_t position : positions) {
+      inputs.push_back(args[position].toTensor().storage());
+      args[position] = c10::IValue();
+    }
+    std::vector<uint64_t> ptrs;
+    std::vector<void*> weaks;
+    for (const Output& o : cached->outputs) {
+      const uint64_t nbytes = static_cast<uint64_t>(o.nbytes);
+      const uint64_t ptr = next_ptr.fetch_add((nbytes + kAlign) / kAlign * kAlign);
+      c10::Storage storage(c10::Storage::use_byte_size_t{}, o.nbytes,
+                           c10::DataPtr(reinterpret_cast<void*>(ptr), c10::Device(kDevice, 0)),
+                           /*allocator=*/nullptr, /*resizable=*/false);
+      weaks.push_back(c10::raw::intrusive_ptr::make_weak(storage.unsafeGetStorageImpl()));
+      ptrs.push_back(ptr);
+      at::Tensor out = at::detail::make_tensor<at::TensorImpl>(std::move(storage),
+                                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                              c10::scalarTypeToTypeMeta(o.dtype));
+      out.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides);
+      stack->emplace_back(std::move(out));
+    }
+    size_t count;
+    {
+      std::lock_guard<std::mutex> lock(trace_mutex);
+      trace.push_back(Record{this, op, std::move(cached), std::move(args), std::move(positions), std::move(inputs),
+                             std::move(ptrs), std::move(weaks)});
+      count = trace.size();
+      pending.store(count, std::memory_order_release);
+    }
+    n_hits.fetch_add(1, std::memory_order_relaxed);
+    if (count >= max_pending.load(std::memory_order_relaxed)) call_drain_callback();
+  }
+
+  void call_python(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n, const std::string* key,
+                   const std::vector<at::Tensor>* tensors) {
+    std::vector<c10::IValue> values = torch::jit::pop(*stack, n);
+    py::gil_scoped_acquire gil;
+    n_python.fetch_add(1, std::memory_order_relaxed);
+    auto [args, kwargs] = python_arguments(op, values);
+    TeachSlot saved = teach_slot;
+    teach_slot = TeachSlot{key == nullptr ? nullptr : this, key, tensors, op.schema().returns().size()};
+    PyObject* out = PyObject_Call(py_kernel, args.ptr(), kwargs.ptr());
+    teach_slot = saved;
+    if (out == nullptr) throw python_error();
+    py::object result = py::reinterpret_steal<py::object>(out);
+    push_python_result(op, stack, result);
+  }
+
+  PyObject* py_kernel;
+  bool teachable;
+  std::mutex mutex;
+  std::unordered_map<std::string, std::shared_ptr<const CachedOp>> cache;
+};
+
+namespace {
+
+torch::Library& library() {
+  static torch::Library* lib =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  return *lib;
+}
+
+// `name`: "add.Tensor" (the overload in the aten namespace); `kernel`: the Python kernel it fronts.
+void register_kernel(const std::string& name, py::handle kernel, bool teachable) {
+  auto functor = std::make_unique<RecordingKernel>(kernel.ptr(), teachable);
+  library().impl(name.c_str(), torch::CppFunction::makeFromBoxedKernel(
+                                   c10::BoxedKernel::makeFromFunctor(std::move(functor))));
+}
+
+// View kernels compute metadata only: PyTorch's CPU kernels serve tpu tensors (views alias storage).
+void cpu_metadata_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+}
+
+void register_metadata_kernel(const std::string& name) {
+  library().impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&cpu_metadata_kernel>());
+}
+
+// Called by the Python kernel of the op the current RecordingKernel is running, once it knows the op
+// can be recorded natively: `entry` is its cache entry, `spec` its outputs (`native_out_spec`). The tensors
+// among `fargs` (the arguments it ran on) must be the ones the cache key describes, else nothing is
+// cached; `views` and `leaves` say how each was read (a View of its storage's payload, whose
+// `base_shape` is that payload's shape, or None: the payload itself).
+bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence fargs, py::sequence views,
+           py::sequence leaves) {
+  TeachSlot& slot = teach_slot;
+  if (slot.kernel == nullptr || slot.key == nullptr || slot.kernel->py_kernel != kernel.ptr()) return false;
+  const auto& tensors = *slot.tensors;
+  if (views.size() != tensors.size()) return false;
+  size_t k = 0;
+  for (auto arg : fargs) {
+    if (!THPVariable_Check(arg.ptr())) continue;
+    if (k == tensors.size()) return false;
+    const at::Tensor& seen = THPVariable_Unpack(arg.ptr());
+    const at::Tensor& t = tensors[k++];
+    if (seen.sizes() != t.sizes() || seen.strides() != t.strides() || seen.storage_offset() != t.storage_offset() ||
+        seen.scalar_type() != t.scalar_type())
+      return false;
+  }
+  if (k != tensors.size()) return false;
+  py::str base_shape_name("base_shape"), shape_name("shape"), offset_name("offset");
+  std::vector<py::object> payload_shapes;
+  std::vector<bool> offset_leaves;
+  size_t n_leaves = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    py::object view = views[i];
+    bool traced = !view.is_none() && view.attr(offset_name).is_none();
+    if (!view.is_none() && !traced && !PyLong_Check(view.attr(offset_name).ptr())) return false;  // N-D starts
+    py::object base = view.is_none() ? py::object(leaves[n_leaves].attr(shape_name))
+                                     : py::object(view.attr(base_shape_name));
+    payload_shapes.push_back(py::tuple(base));
+    offset_leaves.push_back(traced);
+    n_leaves += traced ? 2 : 1;
+  }
+  if (leaves.size() != n_leaves) return false;  // a traced number among the leaves
+  std::vector<Output> outputs;
+  for (auto one : spec) {
+    // (payload shape, dtype, sizes, strides): the output's storage holds a row-major array of the payload
+    // shape, which the tensor sees with PyTorch's sizes and strides
+    if (!PyTuple_Check(one.ptr()) || PyTuple_GET_SIZE(one.ptr()) != 4) return false;
+    py::tuple four = py::reinterpret_borrow<py::tuple>(one);
+    if (!THPDtype_Check(four[1].ptr())) return false;
+    Output o;
+    o.dtype = reinterpret_cast<THPDtype*>(four[1].ptr())->scalar_type;
+    int64_t numel = 1;
+    for (auto d : py::reinterpret_borrow<py::tuple>(four[0])) numel *= d.cast<int64_t>();
+    for (auto d : py::reinterpret_borrow<py::tuple>(four[2])) o.sizes.push_back(d.cast<int64_t>());
+    for (auto d : py::reinterpret_borrow<py::tuple>(four[3])) o.strides.push_back(d.cast<int64_t>());
+    if (o.sizes.size() != o.strides.size()) return false;
+    o.nbytes = numel * static_cast<int64_t>(c10::elementSize(o.dtype));
+    o.shape = py::object(four[0]).release().ptr();
+    o.dtype_obj = py::object(four[1]).release().ptr();
+    outputs.push_back(std::move(o));
+  }
+  const auto& returns = slot.op_returns;
+  if (returns != outputs.size()) return false;
+  auto cached = std::make_shared<CachedOp>();
+  cached->outputs = std::move(outputs);
+  cached->entry = entry.inc_ref().ptr();
+  cached->offset_leaves = std::move(offset_leaves);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    cached->input_shapes.push_back(payload_shapes[i].release().ptr());
+    cached->input_sizes.push_back(t.sizes().vec());
+    cached->input_strides.push_back(t.strides().vec());
+    cached->input_offsets.push_back(t.storage_offset());
+    cached->input_dtypes.push_back(t.scalar_type());
+  }
+  {
+    std::lock_guard<std::mutex> lock(slot.kernel->mutex);
+    if (slot.kernel->cache.size() >= kMaxEntriesPerOp) return false;
+    slot.kernel->cache.emplace(*slot.key, std::move(cached));
+  }
+  slot.key = nullptr;
+  n_taught.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// Empties the native trace into Python's, in order: per record, `fast(entry, leaves, outs)` when every
+// tensor argument's storage payload is as the entry was built for (`payloads` is the registry), `leaves`
+// being the cached executable's inputs; else `general(kernel, entry, args, kwargs, outs)` for the Python
+// kernel to run. `outs`: per output, (fake pointer, weak storage reference, bytes, shape, dtype). Each
+// call registers the record's outputs, so a later record reading them finds their payloads. `plain_reads` false sends every
+// record the second way. Returns how many records were handed over.
+size_t replay_records(py::handle fast, py::handle general, const py::dict& payloads, bool plain_reads) {
+  std::vector<Record> records;
+  {
+    std::lock_guard<std::mutex> lock(trace_mutex);
+    records.swap(trace);
+    pending.store(0, std::memory_order_release);
+  }
+  py::str array_name("array"), shape_name("shape"), dtype_name("dtype");
+  for (Record& rec : records) {
+    const CachedOp& cached = *rec.cached;
+    py::object leaves;
+    if (plain_reads) {
+      size_t n_leaves = rec.tensor_positions.size();
+      for (bool traced : cached.offset_leaves) n_leaves += traced;
+      py::tuple arrays(n_leaves);
+      size_t leaf = 0;
+      bool plain = true;
+      for (size_t i = 0; i < rec.tensor_positions.size() && plain; ++i) {
+        PyObject* key = PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(rec.inputs[i].data_ptr().get()));
+        PyObject* payload = PyDict_GetItem(payloads.ptr(), key);  // borrowed
+        Py_DECREF(key);
+        if (payload == nullptr) {
+          plain = false;
+          break;
+        }
+        py::handle p(payload);
+        py::object array = p.attr(array_name);
+        plain = !array.is_none() &&
+                p.attr(dtype_name).ptr() ==
+                    reinterpret_cast<PyObject*>(torch::getTHPDtype(cached.input_dtypes[i]));
+        if (plain) {
+          py::object shape = p.attr(shape_name);
+          int same = PyObject_RichCompareBool(shape.ptr(), cached.input_shapes[i], Py_EQ);
+          if (same < 0) throw python_error();
+          plain = same == 1;
+        }
+        if (plain) {
+          arrays[leaf++] = std::move(array);
+          if (cached.offset_leaves[i]) arrays[leaf++] = py::int_(cached.input_offsets[i]);
+        }
+      }
+      if (plain) leaves = std::move(arrays);
+    }
+    py::tuple outs(cached.outputs.size());
+    for (size_t o = 0; o < cached.outputs.size(); ++o) {
+      const Output& out = cached.outputs[o];
+      outs[o] = py::make_tuple(py::int_(rec.out_ptrs[o]), py::int_(reinterpret_cast<uintptr_t>(rec.out_weaks[o])),
+                               py::int_(out.nbytes), py::handle(out.shape), py::handle(out.dtype_obj));
+    }
+    py::object done;
+    if (leaves) {
+      done = fast(py::handle(cached.entry), leaves, outs);
+    } else {
+      for (size_t i = 0; i < rec.tensor_positions.size(); ++i)
+        rec.args[rec.tensor_positions[i]] = tensor_on(rec.inputs[i], cached, i);
+      auto [args, kwargs] = python_arguments(rec.op, rec.args);
+      done = general(py::handle(rec.kernel->py_kernel), py::handle(cached.entry), args, kwargs, outs);
+    }
+    // its inputs are no longer held here: at a flush inside a later record, values only this trace
+    // still referenced are not live outputs (as when the op was recorded in Python)
+    std::vector<c10::IValue>().swap(rec.args);
+    std::vector<c10::Storage>().swap(rec.inputs);
+  }
+  return records.size();
+}
+
+py::dict recording_stats() {
+  py::dict d;
+  d["hits"] = n_hits.load();
+  d["misses"] = n_misses.load();
+  d["taught"] = n_taught.load();
+  d["python_calls"] = n_python.load();
+  d["pending"] = pending.load();
+  return d;
+}
+
+}  // namespace
+
+void init_recorder(py::module& m) {
+  m.def("register_kernel", &register_kernel, py::arg("name"), py::arg("kernel"), py::arg("teachable"),
+        "Register a recording PrivateUse1 kernel for aten overload `name` in front of Python kernel `kernel`");
+  m.def("set_recording", [](bool on) { recording.store(on); }, "Record cached ops natively (DeferAndFuse)");
+  m.def("recording", []() { return recording.load(); });
+  m.def("set_drain_callback", [](py::object fn) { drain_callback = fn.release().ptr(); },
+        "Python callable that takes the native trace over when it grows long");
+  m.def("set_max_pending", [](int64_t n) { max_pending.store(n < 1 ? 1 : static_cast<size_t>(n)); },
+        "Hand the native trace over once it holds `n` records (the room left before the graph-size limit)");
+  m.def("pending", []() { return pending.load(std::memory_order_acquire); },
+        "Records not yet handed to Python");
+  m.def("teach", &teach, py::arg("kernel"), py::arg("entry"), py::arg("spec"), py::arg("fargs"),
+        py::arg("views"), py::arg("leaves"));
+  m.def("register_metadata_kernel", &register_metadata_kernel, py::arg("name"),
+        "Register PyTorch's CPU kernel (sizes, strides, offsets only) as the PrivateUse1 kernel of `name`");
+  m.def("replay_records", &replay_records, py::arg("fast"), py::arg("general"), py::arg("payloads"),
+        py::arg("plain_reads"));
+  m.def("recording_stats", &recording_stats);
+  m.attr("FIRST_RECORDED_PTR") = py::int_(kFirstPtr);
+}
+
+}  // namespace hf_tpu_native

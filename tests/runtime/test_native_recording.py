@@ -1,0 +1,181 @@
+"""The C++ recorder (native/csrc/recorder.cpp, execution/native_recording.py): DeferAndFuse ops recorded
+without Python give what the Python path gives, and whatever changes after an op was recorded (a
+write, new tensor metadata, another dtype, data-dependent shapes) never changes what it computed.
+
+Values are compared with CPU PyTorch; the counters show the ops really were recorded natively. Skipped on
+the pure-Python path (`HF_TPU_NATIVE=0`), where the same ops take the Python kernels."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_tpu.runtime.execution import native_recording
+
+pytestmark = pytest.mark.skipif(not native_recording.ENABLED, reason="the C++ recorder is not in use")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _hits() -> int:
+    return native_recording.stats()["hits"]
+
+
+def _block(x, y):
+    return torch.relu((x + y) * 0.5 - 0.25).tanh() / (y.abs() + 1.0)
+
+
+def test_a_repeated_step_is_recorded_natively_and_matches_cpu(defer):
+    xc, yc = torch.randn(8, 16), torch.randn(8, 16)
+    x, y = xc.to("tpu"), yc.to("tpu")
+    _block(x, y).cpu()  # the first time the Python kernels run and teach the recorder
+    before = _hits()
+    out = _block(x, y)
+    for _ in range(20):
+        out = _block(out, y)
+    hits = _hits() - before
+    assert hits >= 21 * 7, f"only {hits} ops recorded natively"
+    expected = _block(xc, yc)
+    for _ in range(20):
+        expected = _block(expected, yc)
+    torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_outputs_read_by_python_kernels_and_views_are_handed_over_first(defer):
+    xc = torch.randn(6, 4)
+    x = xc.to("tpu")
+    (x * 2.0).cpu()
+    y = x * 2.0  # recorded natively, no payload yet
+    torch.testing.assert_close(y[1:3].t().contiguous().cpu(), (xc * 2.0)[1:3].t().contiguous())
+    torch.testing.assert_close(y.sum(0).cpu(), (xc * 2.0).sum(0))
+    torch.testing.assert_close(torch.cat([y, y]).cpu(), torch.cat([xc * 2.0, xc * 2.0]))
+
+
+def test_a_write_after_a_recorded_read_does_not_change_what_it_read(defer):
+    xc = torch.randn(5)
+    x = xc.to("tpu")
+    (x * 3.0).cpu()
+    y = x * 3.0
+    x.add_(100.0)
+    x.copy_(torch.zeros(5))
+    torch.testing.assert_close(y.cpu(), xc * 3.0)
+    torch.testing.assert_close(x.cpu(), torch.zeros(5))
+
+
+def test_new_metadata_after_the_op_changes_nothing_it_computed(defer):
+    """`t.data = u` and `set_` give a recorded input another storage and shape; the op read the old."""
+    xc = torch.randn(4)
+    x = xc.to("tpu")
+    (x + 1.0).cpu()
+    y = x + 1.0
+    x.data = torch.zeros(4, 4, device="tpu")
+    z = x + 1.0
+    w = torch.ones(3, device="tpu")
+    v = w + 1.0
+    w.set_(torch.full((2, 2), 7.0, device="tpu"))
+    torch.testing.assert_close(y.cpu(), xc + 1.0)
+    torch.testing.assert_close(z.cpu(), torch.ones(4, 4))
+    torch.testing.assert_close(v.cpu(), torch.full((3,), 2.0))
+    torch.testing.assert_close((w + 1.0).cpu(), torch.full((2, 2), 8.0))
+
+
+def test_value_dependent_result_types_are_keyed_by_the_value(defer):
+    """The result dtype of `int + number` depends on the number's type: each is its own cache entry."""
+    ic = torch.arange(6, dtype=torch.int64)
+    i = ic.to("tpu")
+    for _ in range(2):
+        for number in (2, 2.5, True, -3):
+            out = i + number
+            ref = ic + number
+            assert out.dtype == ref.dtype, number
+            torch.testing.assert_close(out.cpu(), ref)
+    f16 = torch.randn(4).half()
+    for _ in range(2):
+        torch.testing.assert_close((f16.to("tpu") * 1e5).cpu(), f16 * 1e5)
+
+
+def test_data_dependent_shapes_are_never_recorded_with_a_stale_shape(defer):
+    for _ in range(2):
+        for n in (1, 3, 6):
+            mc = torch.zeros(8, dtype=torch.bool)
+            mc[:n] = True
+            xc = torch.randn(8)
+            x, m = xc.to("tpu"), mc.to("tpu")
+            out = x[m] * 2.0
+            assert out.shape == (n,)
+            torch.testing.assert_close(out.cpu(), xc[mc] * 2.0)
+            torch.testing.assert_close(torch.nonzero(m).cpu(), torch.nonzero(mc))
+
+
+def test_backward_on_autograds_device_thread_matches_cpu(defer):
+    wc = torch.randn(8, 8, requires_grad=True)
+    xc = torch.randn(4, 8)
+    w = wc.detach().to("tpu").requires_grad_()
+    x = xc.to("tpu")
+    for _ in range(3):
+        w.grad = None
+        loss = ((x @ w).tanh() * 0.5 + 1.0).pow(2).mean()
+        loss.backward()
+    wc.grad = None
+    ((xc @ wc).tanh() * 0.5 + 1.0).pow(2).mean().backward()
+    torch.testing.assert_close(w.grad.cpu(), wc.grad)
+
+
+def test_forward_mode_transforms_record_what_they_compute(defer):
+    from torch.func import hessian
+
+    xc = torch.randn(4)
+    x = xc.to("tpu")
+
+    def loss(a):
+        return (a**3 * a.cos()).sum()
+
+    for _ in range(3):
+        torch.testing.assert_close(hessian(loss)(x).cpu(), hessian(loss)(xc), rtol=1e-4, atol=1e-4)
+
+
+_ERRORS = """
+import torch, hf_tpu
+from hf_tpu.runtime.execution import native_recording as nr
+
+def errors():
+    a, b = torch.randn(3, device="tpu"), torch.randn(4, device="tpu")
+    ints = torch.arange(3, device="tpu")
+    found = []
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        for _ in range(2):  # the second time, the recorder has the ops' entries cached
+            (a + a).cpu(), (ints + 1).cpu()
+            for bad in (lambda: a + b, lambda: ints.add_(0.5), lambda: a.view(2, 2)):
+                try:
+                    bad()
+                except Exception as exc:
+                    found.append(f"{type(exc).__name__}: {exc}")
+    return found
+"""
+
+
+def test_errors_are_the_python_paths_and_hf_tpu_native_record_0_turns_it_off():
+    """The same error types and messages with and without the recorder; `HF_TPU_NATIVE_RECORD=0`
+    registers the Python kernels directly (nothing recorded natively)."""
+    scope: dict = {}
+    exec(_ERRORS, scope)
+    here = scope["errors"]()
+    assert len(here) == 6, here
+    code = _ERRORS + "import json; print(json.dumps([nr.ENABLED, nr.stats().get('hits', 0), errors()]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_TPU_NATIVE_RECORD": "0"},
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    enabled, hits, there = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (enabled, hits) == (False, 0)
+    assert here == there
