@@ -8,6 +8,8 @@ adds; Strict forward <= 2x torch eager (geomean). Models come in two sizes (benc
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,12 +45,14 @@ def per_op_breakdown(batches: int = 25, calls: int = 200) -> dict:
     its cached JAX executable called directly and from inside a dispatcher-invoked kernel."""
     import time
 
+    from hf_tpu.runtime.buffers.storage import REGISTRY
     from hf_tpu.runtime.execution import dispatch
     from hf_tpu.runtime.launch import modes
     from hf_tpu.runtime.lowerings.table import TABLE
     from hf_tpu.runtime.tensors.tensor import op_input
 
-    x = torch.randn(4, 4).to("tpu")
+    xc = torch.randn(4, 4)
+    x = xc.to("tpu")
     out = x + 1.0
     add = torch.ops.aten.add.Tensor
     kernel = dispatch.OpKernel(add, TABLE[add])
@@ -66,44 +70,86 @@ def per_op_breakdown(batches: int = 25, calls: int = 200) -> dict:
 
     lib.impl("executable", run_executable, "PrivateUse1")
     nothing, executable = torch.ops.hf_tpu_bench.nothing.default, torch.ops.hf_tpu_bench.executable.default
+    # (the call, under DeferAndFuse?, what ends the batch inside the timing)
     cases = {
-        "python_kernel_floor": (lambda: nothing(x, 1.0), False),
-        "strict_via_dispatcher": (lambda: x + 1.0, False),
-        "strict_kernel_direct": (lambda: kernel(x, 1.0), False),
-        "defer_via_dispatcher": (lambda: x + 1.0, True),
-        "defer_kernel_direct": (lambda: kernel(x, 1.0), True),
-        "executable_direct": (lambda: entry.fn(array), False),
-        "executable_in_kernel": (lambda: executable(x, 1.0), False),
+        "torch_cpu_add": (lambda: xc + 1.0, False, None),
+        "cpp_view_floor": (lambda: x.view(16), False, None),
+        "python_kernel_floor": (lambda: nothing(x, 1.0), False, None),
+        "strict_via_dispatcher": (lambda: x + 1.0, False, None),
+        "strict_kernel_direct": (lambda: kernel(x, 1.0), False, None),
+        "defer_via_dispatcher": (lambda: x + 1.0, True, None),
+        "defer_handed_over": (lambda: x + 1.0, True, REGISTRY.drain_native),
+        "defer_kernel_direct": (lambda: kernel(x, 1.0), True, None),
+        "executable_direct": (lambda: entry.fn(array), False, None),
+        "executable_in_kernel": (lambda: executable(x, 1.0), False, None),
     }
     times: dict = {name: [] for name in cases}
     for _ in range(batches):
-        for name, (fn, deferred) in cases.items():
+        for name, (fn, deferred, end) in cases.items():
             modes.set_eager_mode("defer_and_fuse" if deferred else "defer_never")
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
+            if end is not None:
+                end()
             times[name].append((time.perf_counter() - t0) / calls * 1e6)
             modes.set_eager_mode("defer_never")  # runs what was recorded, outside the timing
     del lib
     return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
-def breakdown_lines(us: dict) -> list[str]:
+def _python_kernels_breakdown() -> dict | None:
+    """`per_op_breakdown` in a child process with the Python kernels registered directly
+    (`HF_TPU_NATIVE_RECORD=0`), when this one records in C++; else None."""
+    import subprocess
+
+    from hf_tpu.runtime.execution import native_recording
+
+    if not native_recording.ENABLED:
+        return None
+    done = subprocess.run(
+        [sys.executable, __file__, "--breakdown-only", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "HF_TPU_NATIVE_RECORD": "0"},
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def breakdown_lines(us: dict, python_us: dict | None = None) -> list[str]:
+    from hf_tpu.runtime.execution import native_recording
+
+    native = "in C++ (the native recorder)" if native_recording.ENABLED else "in Python (no C++ recorder)"
     rows = [
+        ("torch CPU `x + 1.0` (reference)", "torch_cpu_add"),
+        ("tpu `x.view(16)`: a C++ kernel through the dispatcher (autograd, view tracking)", "cpp_view_floor"),
         ("torch dispatcher -> a Python kernel that does nothing (custom op)", "python_kernel_floor"),
         ("Strict `x + 1.0` through the dispatcher", "strict_via_dispatcher"),
         ("Strict: hf_tpu's add kernel called directly", "strict_kernel_direct"),
-        ("DeferAndFuse `x + 1.0` through the dispatcher (recording)", "defer_via_dispatcher"),
-        ("DeferAndFuse: hf_tpu's add kernel called directly (recording)", "defer_kernel_direct"),
+        (f"DeferAndFuse `x + 1.0` through the dispatcher, recorded {native}", "defer_via_dispatcher"),
+        ("the same, plus handing the batch over to Python's trace (per op)", "defer_handed_over"),
+        ("DeferAndFuse: hf_tpu's Python add kernel called directly (recording)", "defer_kernel_direct"),
         ("the add's cached JAX executable, called directly", "executable_direct"),
         ("the same executable inside a dispatcher-invoked Python kernel", "executable_in_kernel"),
     ]
+    if python_us is None:
+        return [
+            "Where a small add's time goes (us per call, median of 25 interleaved batches of 200; 4x4 fp32):",
+            "",
+            "| path | us |",
+            "|---|---:|",
+            *[f"| {label} | {us[key]:.2f} |" for label, key in rows],
+            "",
+        ]
     return [
-        "Where a small add's time goes (us per call, median of 25 interleaved batches of 200; 4x4 fp32):",
+        "Where a small add's time goes (us per call, median of 25 interleaved batches of 200; 4x4 fp32); "
+        "second column: the same in a child process with the Python kernels registered directly "
+        "(`HF_TPU_NATIVE_RECORD=0`, recording in Python):",
         "",
-        "| path | us |",
-        "|---|---:|",
-        *[f"| {label} | {us[key]:.2f} |" for label, key in rows],
+        "| path | us | us, Python kernels |",
+        "|---|---:|---:|",
+        *[f"| {label} | {us[key]:.2f} | {python_us.get(key, float('nan')):.2f} |" for label, key in rows],
         "",
     ]
 
@@ -242,16 +288,22 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--breakdown-only", action="store_true", help="print where a small add's time goes, write nothing"
     )
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.path_child:
         path_child(args.rounds, args.models.split(","))
         return 0
     if args.breakdown_only:
-        print("\n".join(breakdown_lines(per_op_breakdown())))
+        breakdown = per_op_breakdown()
+        if args.json:
+            print(json.dumps(breakdown))
+        else:
+            print("\n".join(breakdown_lines(breakdown, _python_kernels_breakdown())))
         return 0
 
     us = per_op(1000, rounds=args.rounds)
     breakdown = per_op_breakdown()
+    breakdown_python = _python_kernels_breakdown()
     sustained = sustained_per_op()
     writes_ms = in_place_writes(args.rounds)
     rows = []
@@ -293,7 +345,7 @@ def main(argv=None) -> int:
         f"whole tensor), per pair: torch CPU {writes_ms['torch_cpu']:.2f} ms, tpu Strict "
         f"{writes_ms['tpu_strict']:.2f} ms (the buffer is updated in place, not copied).",
         "",
-        *breakdown_lines(breakdown),
+        *breakdown_lines(breakdown, breakdown_python),
         "Forward latency, median of interleaved rounds (sizes: benchmarks/models.py).",
         "",
         "| size | model | params | torch eager (ms) | Strict (ms) | ratio (Strict/torch) | Strict first call (s) |",
@@ -346,6 +398,7 @@ def main(argv=None) -> int:
             "per_op_us": us,
             "sustained_per_op_us": sustained,
             "per_op_breakdown_us": breakdown,
+            "per_op_breakdown_python_kernels_us": breakdown_python,
             "in_place_write_ms": writes_ms,
             "models": rows,
             "geomean_ratio": by_size,

@@ -159,6 +159,86 @@ def summarize(rows: dict, modes: list[str]) -> dict:
     return out
 
 
+def _python_path_run(args) -> dict | None:
+    """Strict and DeferAndFuse with the Python kernels registered directly (no C++ recorder), measured in
+    a child process right after this one's run: {"rows": ..., "train": ...}, or None when this process
+    has no C++ recorder to compare with."""
+    import json
+    import subprocess
+
+    from hf_tpu.runtime.execution import native_recording
+
+    if not native_recording.ENABLED:
+        return None
+    out = tempfile.mkdtemp(prefix="hf_tpu_bench_modes_py_")
+    cmd = [
+        sys.executable,
+        __file__,
+        "--out",
+        out,
+        "--rounds",
+        str(args.rounds),
+        "--models",
+        args.models,
+        "--sizes",
+        args.sizes,
+        "--modes",
+        "strict,defer_and_fuse",
+        "--train",
+        args.train,
+        "--python-path",
+        "off",
+    ]
+    subprocess.run(
+        cmd, check=True, env={**os.environ, "HF_TPU_NATIVE_RECORD": "0"}, stdout=subprocess.DEVNULL
+    )
+    data = json.loads((Path(out) / "modes.json").read_text())
+    return {"rows": data["rows"], "train": data["train"]}
+
+
+def _python_path_lines(rows: dict, train_rows: dict, other: dict) -> list[str]:
+    """The C++ recorder against the Python kernels: per model, Strict and DeferAndFuse ms on each path and
+    DeferAndFuse's speedup over Strict on each (the Python path measured in a separate process, right
+    after this one: not interleaved with it)."""
+    lines = [
+        "",
+        "The C++ recorder (this run) against the Python kernels (`HF_TPU_NATIVE_RECORD=0`, a child process "
+        "right after it), median ms per forward:",
+        "",
+        "| model | Strict | DeferAndFuse | DeferAndFuse speedup | Strict, Python kernels | "
+        "DeferAndFuse, Python kernels | DeferAndFuse speedup, Python kernels |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    native_speedups, python_speedups = [], []
+    for key, r in rows.items():
+        p = other["rows"].get(key)
+        if p is None or "strict" not in r or "defer_and_fuse" not in r:
+            continue
+        s, d = r["strict"]["median_s"], r["defer_and_fuse"]["median_s"]
+        ps, pd = p["strict"]["median_s"], p["defer_and_fuse"]["median_s"]
+        native_speedups.append(s / d)
+        python_speedups.append(ps / pd)
+        lines.append(
+            f"| {key} | {s * 1e3:.2f} | {d * 1e3:.2f} | {s / d:.2f}x | {ps * 1e3:.2f} | {pd * 1e3:.2f} | "
+            f"{ps / pd:.2f}x |"
+        )
+    for key, r in train_rows.items():
+        p = other["train"].get(key)
+        if p is None:
+            continue
+        s, d = r["strict"]["median_s"], r["defer_and_fuse"]["median_s"]
+        ps, pd = p["strict"]["median_s"], p["defer_and_fuse"]["median_s"]
+        lines.append(
+            f"| {key} training step | {s * 1e3:.2f} | {d * 1e3:.2f} | {s / d:.2f}x | {ps * 1e3:.2f} | "
+            f"{pd * 1e3:.2f} | {ps / pd:.2f}x |"
+        )
+    if native_speedups:
+        lines.append(
+            f"| geomean (forwards) | | | {geomean(native_speedups):.2f}x | | | {geomean(python_speedups):.2f}x |"
+        )
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="reports/bench")
@@ -167,6 +247,13 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--train", default="tiny/llama", help="size/model pairs for the training-step table")
+    parser.add_argument(
+        "--python-path",
+        choices=("auto", "off"),
+        default="auto",
+        help="also run Strict and DeferAndFuse with the Python kernels (HF_TPU_NATIVE_RECORD=0) in a child "
+        "process, as columns of the same report (auto: when the C++ recorder is in use)",
+    )
     args = parser.parse_args(argv)
     # first calls here compile from scratch: an empty persistent XLA cache (bench_first_call.py measures
     # fresh processes with cold and warm caches); set before JAX initializes
@@ -248,6 +335,9 @@ def main(argv=None) -> int:
                 + " | ".join(_ratio_cell(r, m, base) for m in TRAIN_MODES)
                 + f" | {r['strict']['median_s'] / r['defer_and_fuse']['median_s']:.2f}x |"
             )
+    python_path = _python_path_run(args) if args.python_path == "auto" else None
+    if python_path is not None:
+        lines += _python_path_lines(rows, train_rows, python_path)
     summary = {"all": summarize(rows, modes)}
     for size in sizes:
         summary[size] = summarize({k: v for k, v in rows.items() if k.startswith(size + "/")}, modes)
@@ -258,7 +348,16 @@ def main(argv=None) -> int:
     md = "\n".join(lines) + "\n"
     print(md)
     write_report(
-        args.out, "modes", {"env": environment(), "rows": rows, "train": train_rows, "summary": summary}, md
+        args.out,
+        "modes",
+        {
+            "env": environment(),
+            "rows": rows,
+            "train": train_rows,
+            "summary": summary,
+            "python_kernels": python_path,
+        },
+        md,
     )
     return 0
 

@@ -179,3 +179,61 @@ def test_errors_are_the_python_paths_and_hf_tpu_native_record_0_turns_it_off():
     enabled, hits, there = json.loads(done.stdout.strip().splitlines()[-1])
     assert (enabled, hits) == (False, 0)
     assert here == there
+
+
+def test_an_op_replayed_through_its_python_kernel_teaches_nothing(defer):
+    """Handing over a record whose input no longer reads as taught (here: a never-written storage) runs its
+    Python kernel; that run must not be cached under the key of the op whose miss caused the hand-over."""
+    e = torch.empty(4, device="tpu")
+    _ = e + 1
+    y = e + 1  # recorded natively; replayed through the Python kernel (no array behind `e`)
+    a = y + 2  # a miss whose Python kernel reads y: the hand-over happens inside it
+    torch.testing.assert_close(a.cpu(), torch.full((4,), 3.0))
+    w = torch.ones(4, device="tpu")
+    for _ in range(2):
+        torch.testing.assert_close((w + 2).cpu(), torch.full((4,), 3.0))
+
+
+def test_another_thread_waits_for_a_hand_over_in_progress(defer):
+    """While one thread replays a long native trace, another thread's write to an input of a record not
+    yet replayed, or its read of such a record's output, waits for the hand-over to finish."""
+    import threading
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(0.0005)
+    try:
+        for action in ("write", "read"):
+            x = torch.ones(4, device="tpu")
+            (x * 2).cpu()
+            ys = [x * 2 for _ in range(1500)]
+            go = threading.Event()
+            seen = {}
+
+            def other(action=action, x=x, ys=ys, go=go, seen=seen):
+                go.wait()
+                if action == "write":
+                    x.copy_(torch.full((4,), 5.0))
+                else:
+                    seen["read"] = (ys[-1] - 1).cpu()
+
+            t = threading.Thread(target=other)
+            t.start()
+            go.set()
+            first = ys[0].cpu()
+            t.join(timeout=120)
+            assert not t.is_alive()
+            torch.testing.assert_close(first, torch.full((4,), 2.0))
+            torch.testing.assert_close(ys[-1].cpu(), torch.full((4,), 2.0))
+            if action == "read":
+                torch.testing.assert_close(seen["read"], torch.full((4,), 1.0))
+    finally:
+        sys.setswitchinterval(switch)
+
+
+def test_a_list_output_of_one_tensor(defer):
+    """`unbind` of a size-1 dim returns a one-tensor list (its spec a 1-tuple: no single output)."""
+    x = torch.randn(1, 3, device="tpu")
+    for _ in range(2):
+        parts = torch.unbind_copy(x)
+        assert len(parts) == 1
+        torch.testing.assert_close(parts[0].cpu(), x.cpu()[0])

@@ -337,11 +337,11 @@ class OpKernel:
         return tuple(meta.stride()) if isinstance(meta, torch.Tensor) else None
 
     def _wrap(self, results, spec):
-        if spec is not None and type(spec[1]) is _DTYPE:
+        if spec is not None and type(spec[-1]) is _DTYPE:
             return wrap_spec(results, spec)  # one output of known shape and dtype: the common case
         if type(spec) is LaidOut:
             spec, layout = spec
-            if type(spec[1]) is _DTYPE:
+            if type(spec[-1]) is _DTYPE:
                 return wrap_laid_out(results, spec[1], layout)
             return type(results)(
                 None

@@ -61,7 +61,7 @@ def out_spec(spec) -> tuple:
         spec, layout = spec
     if type(spec) is not tuple or not spec:
         return ()
-    single = type(spec[1]) is torch.dtype
+    single = len(spec) == 2 and type(spec[1]) is torch.dtype
     specs = (spec,) if single else spec
     orders = (layout,) if single else (layout or (None,) * len(specs))
     out = []
@@ -97,7 +97,7 @@ def drain() -> None:
     """Record every op the C++ recorder holds into Python's trace, in order, and give each output's
     storage its (pending) value. An op that fails to record leaves its output without a value (reading
     it raises, naming the op); the first such error is raised after all others are recorded."""
-    if not _ext.pending():
+    if not _ext.pending() or _draining_here():
         return
     # several device threads (autograd runs backward on its own): payload arrays are read under
     # DONATION_LOCK (threads.py), taken before this module's lock, as a donor holding it may drain
@@ -126,13 +126,31 @@ def drain() -> None:
                 value = _failed(entry, outs)
             _adopt_outputs(outs, value)
 
-        _ext.replay_records(fast, general, _payloads, True)
+        _replaying.thread = threading.get_ident()
+        try:
+            while _ext.pending():  # what other threads recorded meanwhile, after this batch
+                _ext.replay_records(fast, general, _payloads, True)
+        finally:
+            _replaying.thread = None
         _ext.set_max_pending(lazy.room())
         if errors:
             raise errors[0]
 
 
 _adopt = REGISTRY.adopt_recorded
+
+
+class _Replaying:
+    thread: int | None = None  # the thread handing records over (it holds `_lock`)
+
+
+_replaying = _Replaying()
+
+
+def _draining_here() -> bool:
+    """Inside a hand-over in this thread (a graph-size flush while replaying): the records it holds are
+    being replayed in order already, and another batch must not cut in ahead of them."""
+    return _replaying.thread == threading.get_ident()
 
 
 def _adopt_outputs(outs: tuple, value) -> None:

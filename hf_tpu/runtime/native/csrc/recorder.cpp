@@ -27,6 +27,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <optional>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -88,7 +89,8 @@ struct Record {
 
 std::mutex trace_mutex;
 std::vector<Record> trace;
-std::atomic<size_t> pending{0};
+std::atomic<size_t> pending{0};    // records in the native trace
+std::atomic<size_t> in_flight{0};  // records taken by a hand-over that has not finished replaying them
 std::atomic<bool> recording{false};
 std::atomic<uint64_t> next_ptr{kFirstPtr};
 std::atomic<size_t> max_pending{2048};
@@ -99,9 +101,17 @@ struct TeachSlot {
   RecordingKernel* kernel = nullptr;
   const std::string* key = nullptr;
   const std::vector<at::Tensor>* tensors = nullptr;
-  size_t op_returns = 0;  // tensors the op returns (each a fresh output when it can be recorded)
+  size_t op_returns = 0;  // tensors the op returns (each a fresh output when it can be recorded), or 0
+                          // when a return is not a Tensor (a list of tensors, a number)
 };
+
+size_t tensor_returns(const c10::OperatorHandle& op) {
+  for (const auto& r : op.schema().returns())
+    if (r.type()->kind() != c10::TypeKind::TensorType) return 0;
+  return op.schema().returns().size();
+}
 thread_local TeachSlot teach_slot;
+thread_local bool thread_seen = false;  // this thread has run a tpu op through Python (threads.py)
 
 template <typename T>
 void put(std::string& key, const T& value) {
@@ -301,8 +311,13 @@ struct RecordingKernel final : public c10::OperatorKernel {
           auto it = cache.find(key);
           if (it != cache.end()) hit = it->second;
         }
-        if (hit) {
+        if (hit && thread_seen) {
           record(op, stack, n, std::move(hit), std::move(positions));
+          return;
+        }
+        if (hit) {  // a thread's first: through Python, which notes the thread as one using tpu tensors
+          thread_seen = true;
+          call_python(op, stack, n, nullptr, nullptr);
           return;
         }
         n_misses.fetch_add(1, std::memory_order_relaxed);
@@ -355,9 +370,10 @@ struct RecordingKernel final : public c10::OperatorKernel {
     std::vector<c10::IValue> values = torch::jit::pop(*stack, n);
     py::gil_scoped_acquire gil;
     n_python.fetch_add(1, std::memory_order_relaxed);
+    thread_seen = true;
     auto [args, kwargs] = python_arguments(op, values);
     TeachSlot saved = teach_slot;
-    teach_slot = TeachSlot{key == nullptr ? nullptr : this, key, tensors, op.schema().returns().size()};
+    teach_slot = TeachSlot{key == nullptr ? nullptr : this, key, tensors, key == nullptr ? 0 : tensor_returns(op)};
     PyObject* out = PyObject_Call(py_kernel, args.ptr(), kwargs.ptr());
     teach_slot = saved;
     if (out == nullptr) throw python_error();
@@ -404,6 +420,11 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
            py::sequence leaves) {
   TeachSlot& slot = teach_slot;
   if (slot.kernel == nullptr || slot.key == nullptr || slot.kernel->py_kernel != kernel.ptr()) return false;
+  if (slot.op_returns == 0 || spec.size() != slot.op_returns) return false;
+  {
+    std::lock_guard<std::mutex> lock(slot.kernel->mutex);
+    if (slot.kernel->cache.size() >= kMaxEntriesPerOp || slot.kernel->cache.count(*slot.key)) return false;
+  }
   const auto& tensors = *slot.tensors;
   if (views.size() != tensors.size()) return false;
   size_t k = 0;
@@ -433,6 +454,7 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
   }
   if (leaves.size() != n_leaves) return false;  // a traced number among the leaves
   std::vector<Output> outputs;
+  std::vector<py::object> owned;  // the outputs' shape and dtype objects, kept by the entry once it is cached
   for (auto one : spec) {
     // (payload shape, dtype, sizes, strides): the output's storage holds a row-major array of the payload
     // shape, which the tensor sees with PyTorch's sizes and strides
@@ -447,12 +469,13 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
     for (auto d : py::reinterpret_borrow<py::tuple>(four[3])) o.strides.push_back(d.cast<int64_t>());
     if (o.sizes.size() != o.strides.size()) return false;
     o.nbytes = numel * static_cast<int64_t>(c10::elementSize(o.dtype));
-    o.shape = py::object(four[0]).release().ptr();
-    o.dtype_obj = py::object(four[1]).release().ptr();
+    owned.emplace_back(four[0]);
+    o.shape = owned.back().ptr();
+    owned.emplace_back(four[1]);
+    o.dtype_obj = owned.back().ptr();
     outputs.push_back(std::move(o));
   }
-  const auto& returns = slot.op_returns;
-  if (returns != outputs.size()) return false;
+  for (auto& object : owned) object.release();  // from here on the entry is cached: it owns them
   auto cached = std::make_shared<CachedOp>();
   cached->outputs = std::move(outputs);
   cached->entry = entry.inc_ref().ptr();
@@ -486,10 +509,25 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
   {
     std::lock_guard<std::mutex> lock(trace_mutex);
     records.swap(trace);
+    in_flight.fetch_add(records.size());
     pending.store(0, std::memory_order_release);
   }
+  // what replaying runs is not the Python kernel of a cache miss: nothing it computes may be taught
+  TeachSlot saved = teach_slot;
+  teach_slot = TeachSlot{};
+  struct Restore {
+    TeachSlot& slot;
+    TeachSlot saved;
+    size_t count;
+    ~Restore() {
+      slot = saved;
+      in_flight.fetch_sub(count);
+    }
+  } restore{teach_slot, saved, records.size()};
+  std::optional<py::error_already_set> first_error;
   py::str array_name("array"), shape_name("shape"), dtype_name("dtype");
   for (Record& rec : records) {
+   try {
     const CachedOp& cached = *rec.cached;
     py::object leaves;
     if (plain_reads) {
@@ -539,11 +577,15 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
       auto [args, kwargs] = python_arguments(rec.op, rec.args);
       done = general(py::handle(rec.kernel->py_kernel), py::handle(cached.entry), args, kwargs, outs);
     }
+   } catch (py::error_already_set& e) {  // the others are still handed over; the first error is raised
+    if (!first_error) first_error.emplace(std::move(e));
+   }
     // its inputs are no longer held here: at a flush inside a later record, values only this trace
     // still referenced are not live outputs (as when the op was recorded in Python)
     std::vector<c10::IValue>().swap(rec.args);
     std::vector<c10::Storage>().swap(rec.inputs);
   }
+  if (first_error) throw std::move(*first_error);
   return records.size();
 }
 
@@ -568,8 +610,8 @@ void init_recorder(py::module& m) {
         "Python callable that takes the native trace over when it grows long");
   m.def("set_max_pending", [](int64_t n) { max_pending.store(n < 1 ? 1 : static_cast<size_t>(n)); },
         "Hand the native trace over once it holds `n` records (the room left before the graph-size limit)");
-  m.def("pending", []() { return pending.load(std::memory_order_acquire); },
-        "Records not yet handed to Python");
+  m.def("pending", []() { return pending.load(std::memory_order_acquire) + in_flight.load(std::memory_order_acquire); },
+        "Records not yet handed to Python, counting those a hand-over is replaying");
   m.def("teach", &teach, py::arg("kernel"), py::arg("entry"), py::arg("spec"), py::arg("fargs"),
         py::arg("views"), py::arg("leaves"));
   m.def("register_metadata_kernel", &register_metadata_kernel, py::arg("name"),
