@@ -27,7 +27,9 @@ def _hits() -> int:
 
 
 def _block(x, y):
-    return torch.relu((x + y) * 0.5 - 0.25).tanh() / (y.abs() + 1.0)
+    # no Python numbers: a kernel that has seen many scalar values in this process traces them, and an op
+    # with a traced number is not recorded natively (README, *Native extension*)
+    return torch.tanh(torch.maximum(x * y, y.neg())) / torch.exp(y.abs())
 
 
 def test_a_repeated_step_is_recorded_natively_and_matches_cpu(defer):
