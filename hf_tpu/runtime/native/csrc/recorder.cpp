@@ -118,6 +118,14 @@ void put(std::string& key, const T& value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
+template <typename List>
+bool put_list(std::string& key, char tag, const List& list) {
+  key.push_back(tag);
+  put(key, static_cast<int32_t>(list.size()));
+  for (auto x : list) put(key, static_cast<typename List::value_type>(x));
+  return true;
+}
+
 // One argument into the cache key; false when the op cannot be recorded natively with it.
 bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& tensors,
             std::vector<uint32_t>& positions, uint32_t position) {
@@ -177,27 +185,9 @@ bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& ten
     put(key, v.toBool());
     return true;
   }
-  if (v.isIntList()) {
-    key.push_back('I');
-    auto list = v.toIntList();
-    put(key, static_cast<int32_t>(list.size()));
-    for (int64_t x : list) put(key, x);
-    return true;
-  }
-  if (v.isDoubleList()) {
-    key.push_back('F');
-    auto list = v.toDoubleList();
-    put(key, static_cast<int32_t>(list.size()));
-    for (double x : list) put(key, x);
-    return true;
-  }
-  if (v.isBoolList()) {
-    key.push_back('B');
-    auto list = v.toBoolList();
-    put(key, static_cast<int32_t>(list.size()));
-    for (bool x : list) put(key, x);
-    return true;
-  }
+  if (v.isIntList()) return put_list(key, 'I', v.toIntList());
+  if (v.isDoubleList()) return put_list(key, 'F', v.toDoubleList());
+  if (v.isBoolList()) return put_list(key, 'B', v.toBoolList());
   if (v.isString()) {
     key.push_back('s');
     const std::string& s = v.toStringRef();
