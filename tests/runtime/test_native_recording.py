@@ -27,9 +27,7 @@ def _hits() -> int:
 
 
 def _block(x, y):
-    # no Python numbers: a kernel that has seen many scalar values in this process traces them, and an op
-    # with a traced number is not recorded natively (README, *Native extension*)
-    return torch.tanh(torch.maximum(x * y, y.neg())) / torch.exp(y.abs())
+    return torch.tanh(torch.maximum(x * y, y.neg())) / torch.exp(y.abs()) * 0.5 + 1.0
 
 
 def test_a_repeated_step_is_recorded_natively_and_matches_cpu(defer):
@@ -41,7 +39,7 @@ def test_a_repeated_step_is_recorded_natively_and_matches_cpu(defer):
     for _ in range(20):
         out = _block(out, y)
     hits = _hits() - before
-    assert hits >= 21 * 7, f"only {hits} ops recorded natively"
+    assert hits >= 21 * 9, f"only {hits} ops recorded natively"
     expected = _block(xc, yc)
     for _ in range(20):
         expected = _block(expected, yc)
@@ -84,6 +82,47 @@ def test_new_metadata_after_the_op_changes_nothing_it_computed(defer):
     torch.testing.assert_close(z.cpu(), torch.ones(4, 4))
     torch.testing.assert_close(v.cpu(), torch.full((3,), 2.0))
     torch.testing.assert_close((w + 1.0).cpu(), torch.full((2, 2), 8.0))
+
+
+def test_numbers_that_change_every_step_are_recorded_with_their_values(defer):
+    """A kernel that has seen many values of a number traces it (dispatch.py): the recorder keys such an op
+    by the number's type and passes each record's own value to the executable."""
+    xc = torch.randn(8, 16)
+    x = xc.to("tpu")
+    for start in (0, 40):  # the first pass switches mul.Tensor/add.Tensor to traced numbers
+        before = _hits()
+        out, expected = x, xc
+        for i in range(start, start + 40):
+            out = out * (1.0 + i / 100) + i  # wrapped numbers: a float, then an int
+            expected = expected * (1.0 + i / 100) + i
+        torch.testing.assert_close(out.cpu(), expected)
+    assert _hits() - before == 80
+    ic = torch.arange(6)
+    i = ic.to("tpu")
+    (i + (1 << 40)).cpu()  # an int outside int32 is always an input of the executable
+    before = _hits()
+    outs = [i + ((1 << 40) + k) for k in range(3)]
+    for k, out in enumerate(outs):
+        torch.testing.assert_close(out.cpu(), ic + ((1 << 40) + k))
+    assert _hits() - before == 3
+
+
+def test_tensor_lists_are_recorded_natively(defer):
+    ac, bc = torch.randn(4, 3), torch.randn(2, 3)
+    a, b = ac.to("tpu"), bc.to("tpu")
+
+    def step(a, b):
+        return torch.cat([a * 2.0, b]), torch.stack([a, a.exp()], 1), torch.cat([a[1:3], b.t().t()], 1)
+
+    [t.cpu() for t in step(a, b)]
+    before = _hits()
+    outs = [step(a, b) for _ in range(3)]
+    assert _hits() - before == 3 * 5
+    for got in outs:
+        for g, e in zip(got, step(ac, bc)):
+            torch.testing.assert_close(g.cpu(), e)
+    cc = torch.randn(2, 3)  # another storage, same metadata: handed over with its own value
+    torch.testing.assert_close(torch.cat([a[1:3], cc.to("tpu")], 1).cpu(), torch.cat([ac[1:3], cc], 1))
 
 
 def test_value_dependent_result_types_are_keyed_by_the_value(defer):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SOURCES = (HERE / "csrc" / "tpu_native.cpp", HERE / "csrc" / "recorder.cpp")
+HEADERS = (HERE / "csrc" / "device_tensor.h",)
 MODULE = "_hf_tpu_native"
 
 
@@ -24,7 +25,7 @@ def fingerprint() -> str:
     import torch
 
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     digest.update(torch.__version__.encode())
     digest.update(str(torch._C._GLIBCXX_USE_CXX11_ABI).encode())

@@ -35,6 +35,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device_tensor.h"
+
 namespace py = pybind11;
 
 namespace hf_tpu_native {
@@ -46,6 +48,20 @@ namespace {
 constexpr c10::DeviceType kDevice = c10::DeviceType::PrivateUse1;
 constexpr uint64_t kFirstPtr = 1ULL << 52;
 constexpr uint64_t kAlign = 64;
+
+// Where a tensor argument sits: argument `position`, or element `element` of the tensor list there.
+struct TensorSlot {
+  uint32_t position;
+  int32_t element;  // -1: the argument is the tensor itself
+};
+
+// Where each input of a cached executable comes from, in order: tensor `index`'s storage payload
+// ('t'), tensor `index`'s storage offset ('o', a traced offset), or the number at argument `index`
+// ('n', a traced number: its value is not part of the cache key, or is too large to bake in).
+struct LeafSource {
+  char kind;
+  uint32_t index;
+};
 
 // What a cache hit needs to make the output and what Python needs to record it. Python objects are
 // owned references never released: entries live as long as the process (they are few: one per op and
@@ -69,7 +85,7 @@ struct CachedOp {
   std::vector<std::vector<int64_t>> input_strides;
   std::vector<int64_t> input_offsets;
   std::vector<at::ScalarType> input_dtypes;
-  std::vector<bool> offset_leaves;  // the entry takes this input's storage offset as a traced leaf too
+  std::vector<LeafSource> leaves;  // the cached executable's inputs
 };
 
 constexpr size_t kMaxEntriesPerOp = 512;  // argument metadata seen (a moving offset makes one per step)
@@ -81,7 +97,7 @@ struct Record {
   // the arguments, tensors taken out: a tensor's metadata may change after the op (`t.data = u`,
   // `set_`), so what the op read is its storage as it was (`inputs`), seen through the cached metadata
   std::vector<c10::IValue> args;
-  std::vector<uint32_t> tensor_positions;
+  std::vector<TensorSlot> slots;
   std::vector<c10::Storage> inputs;
   std::vector<uint64_t> out_ptrs;
   std::vector<void*> out_weaks;
@@ -99,7 +115,9 @@ PyObject* drain_callback = nullptr;  // Python: hands the native trace over (kep
 
 struct TeachSlot {
   RecordingKernel* kernel = nullptr;
+  const c10::OperatorHandle* op = nullptr;
   const std::string* key = nullptr;
+  bool traced_numbers = false;  // the key leaves out the values of numbers (RecordingKernel::numbers_traced)
   const std::vector<at::Tensor>* tensors = nullptr;
   size_t op_returns = 0;  // tensors the op returns (each a fresh output when it can be recorded), or 0
                           // when a return is not a Tensor (a list of tensors, a number)
@@ -126,19 +144,50 @@ bool put_list(std::string& key, char tag, const List& list) {
   return true;
 }
 
-// One argument into the cache key; false when the op cannot be recorded natively with it.
-bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& tensors,
-            std::vector<uint32_t>& positions, uint32_t position) {
+bool is_number_argument(const c10::Argument& arg) {
+  const auto& t = arg.real_type();
+  if (t->kind() == c10::TypeKind::NumberType) return true;
+  auto optional = t->cast<c10::OptionalType>();
+  return optional && optional->getElementType()->kind() == c10::TypeKind::NumberType;
+}
+
+bool is_tensor_list_argument(const c10::Argument& arg) {
+  const auto& t = arg.real_type();
+  auto list = t->cast<c10::ListType>();
+  return list && list->getElementType()->kind() == c10::TypeKind::TensorType;
+}
+
+// A tpu tensor argument into the cache key: its dtype, sizes, strides and offset.
+bool encode_tensor(const at::Tensor& t, std::string& key) {
+  if (t.device().type() != kDevice || t.layout() != at::kStrided || !t.has_storage() || t.is_neg() ||
+      t.is_conj() || t.unsafeGetTensorImpl()->is_wrapped_number())
+    return false;
+  key.push_back('t');
+  put(key, static_cast<int8_t>(t.scalar_type()));
+  put(key, static_cast<int32_t>(t.dim()));
+  for (int64_t s : t.sizes()) put(key, s);
+  for (int64_t s : t.strides()) put(key, s);
+  put(key, t.storage_offset());
+  return true;
+}
+
+// One argument into the cache key; false when the op cannot be recorded natively with it. With
+// `traced_numbers`, a float or int number (a Scalar, or a wrapped number in a Tensor argument) enters
+// the key by its type only, as it does the Python kernel's once that kernel traces its numbers.
+bool encode(const c10::IValue& v, const c10::Argument& arg, bool traced_numbers, std::string& key,
+            std::vector<at::Tensor>& tensors, std::vector<TensorSlot>& slots, uint32_t position) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
     if (!t.defined()) {
       key.push_back('u');
       return true;
     }
-    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // `x * 0.5`: a baked-in number
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {  // `x * 0.5`: a number
       if (t.dim() != 0 || !t.device().is_cpu()) return false;
-      key.push_back('w');
+      const bool traced = traced_numbers && (t.scalar_type() == at::kDouble || t.scalar_type() == at::kLong);
+      key.push_back(traced ? 'W' : 'w');
       put(key, static_cast<int8_t>(t.scalar_type()));
+      if (traced) return true;
       switch (t.scalar_type()) {
         case at::kDouble:
           put(key, *t.const_data_ptr<double>());
@@ -153,17 +202,9 @@ bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& ten
           return false;
       }
     }
-    if (t.device().type() != kDevice || t.layout() != at::kStrided || !t.has_storage() || t.is_neg() ||
-        t.is_conj())
-      return false;
-    key.push_back('t');
-    put(key, static_cast<int8_t>(t.scalar_type()));
-    put(key, static_cast<int32_t>(t.dim()));
-    for (int64_t s : t.sizes()) put(key, s);
-    for (int64_t s : t.strides()) put(key, s);
-    put(key, t.storage_offset());
+    if (!encode_tensor(t, key)) return false;
     tensors.push_back(t);
-    positions.push_back(position);
+    slots.push_back(TensorSlot{position, -1});
     return true;
   }
   if (v.isNone()) {
@@ -171,11 +212,19 @@ bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& ten
     return true;
   }
   if (v.isDouble()) {
+    if (traced_numbers && is_number_argument(arg)) {
+      key.push_back('x');
+      return true;
+    }
     key.push_back('d');
     put(key, v.toDouble());
     return true;
   }
   if (v.isInt()) {
+    if (traced_numbers && is_number_argument(arg)) {
+      key.push_back('y');
+      return true;
+    }
     key.push_back('i');
     put(key, v.toInt());
     return true;
@@ -183,6 +232,18 @@ bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& ten
   if (v.isBool()) {
     key.push_back('b');
     put(key, v.toBool());
+    return true;
+  }
+  if (v.isTensorList()) {  // cat, stack: each element as a tensor argument
+    auto list = v.toTensorList();
+    key.push_back('L');
+    put(key, static_cast<int32_t>(list.size()));
+    for (size_t e = 0; e < list.size(); ++e) {
+      at::Tensor t = list.get(e);
+      if (!t.defined() || !encode_tensor(t, key)) return false;
+      tensors.push_back(std::move(t));
+      slots.push_back(TensorSlot{position, static_cast<int32_t>(e)});
+    }
     return true;
   }
   if (v.isIntList()) return put_list(key, 'I', v.toIntList());
@@ -202,7 +263,16 @@ bool encode(const c10::IValue& v, std::string& key, std::vector<at::Tensor>& ten
     put(key, static_cast<int8_t>(d.index()));
     return true;
   }
-  return false;  // tensor lists, generators, ...: the Python kernel
+  return false;  // optional-tensor lists, generators, ...: the Python kernel
+}
+
+// A traced number's value as the Python kernel's leaf (a Python float or int).
+py::object number_leaf(const c10::IValue& v) {
+  if (v.isDouble()) return py::float_(v.toDouble());
+  if (v.isInt()) return py::int_(v.toInt());
+  const at::Tensor& t = v.toTensor();  // a wrapped number
+  if (t.scalar_type() == at::kDouble) return py::float_(*t.const_data_ptr<double>());
+  return py::int_(*t.const_data_ptr<int64_t>());
 }
 
 // An argument as the Python kernel receives it (what torch gives a kernel registered from Python:
@@ -259,12 +329,24 @@ void push_python_result(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 
 // The tensor input `i` of a cached op was, over `storage`.
 at::Tensor tensor_on(c10::Storage storage, const CachedOp& cached, size_t i) {
-  at::Tensor t = at::detail::make_tensor<at::TensorImpl>(std::move(storage),
-                                                        c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                        c10::scalarTypeToTypeMeta(cached.input_dtypes[i]));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(cached.input_sizes[i], cached.input_strides[i],
-                                                 cached.input_offsets[i]);
-  return t;
+  return device_tensor(std::move(storage), cached.input_dtypes[i], cached.input_sizes[i], cached.input_strides[i],
+                       cached.input_offsets[i]);
+}
+
+// The arguments of a record with its tensors put back (over the storages it read), as the op had them.
+void restore_tensors(std::vector<c10::IValue>& args, const std::vector<TensorSlot>& slots,
+                     const std::vector<c10::Storage>& inputs, const CachedOp& cached) {
+  for (size_t i = 0; i < slots.size();) {
+    const uint32_t position = slots[i].position;
+    if (slots[i].element < 0) {
+      args[position] = tensor_on(inputs[i], cached, i);
+      ++i;
+      continue;
+    }
+    c10::List<at::Tensor> list;
+    for (; i < slots.size() && slots[i].position == position; ++i) list.push_back(tensor_on(inputs[i], cached, i));
+    args[position] = std::move(list);
+  }
 }
 
 void call_drain_callback() {
@@ -288,11 +370,13 @@ struct RecordingKernel final : public c10::OperatorKernel {
       std::string key;
       key.reserve(96);
       std::vector<at::Tensor> tensors;
-      std::vector<uint32_t> positions;
+      std::vector<TensorSlot> slots;
       auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
+      const auto& schema_args = op.schema().arguments();
+      const bool traced = numbers_traced.load(std::memory_order_relaxed);
       bool recordable = true;
       for (size_t i = 0; i < n && recordable; ++i)
-        recordable = encode(first[i], key, tensors, positions, static_cast<uint32_t>(i));
+        recordable = encode(first[i], schema_args[i], traced, key, tensors, slots, static_cast<uint32_t>(i));
       if (recordable) {
         put(key, static_cast<int8_t>(c10::get_default_dtype_as_scalartype()));
         std::shared_ptr<const CachedOp> hit;
@@ -302,51 +386,46 @@ struct RecordingKernel final : public c10::OperatorKernel {
           if (it != cache.end()) hit = it->second;
         }
         if (hit && thread_seen) {
-          record(op, stack, n, std::move(hit), std::move(positions));
+          record(op, stack, n, std::move(hit), std::move(slots));
           return;
         }
         if (hit) {  // a thread's first: through Python, which notes the thread as one using tpu tensors
           thread_seen = true;
-          call_python(op, stack, n, nullptr, nullptr);
+          call_python(op, stack, n, nullptr, nullptr, false);
           return;
         }
         n_misses.fetch_add(1, std::memory_order_relaxed);
-        call_python(op, stack, n, &key, &tensors);
+        call_python(op, stack, n, &key, &tensors, traced);
         return;
       }
     }
-    call_python(op, stack, n, nullptr, nullptr);
+    call_python(op, stack, n, nullptr, nullptr, false);
   }
 
   void record(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n,
-              std::shared_ptr<const CachedOp> cached, std::vector<uint32_t> positions) {
+              std::shared_ptr<const CachedOp> cached, std::vector<TensorSlot> slots) {
     std::vector<c10::IValue> args = torch::jit::pop(*stack, n);
     std::vector<c10::Storage> inputs;
-    inputs.reserve(positions.size());
-    for (uint32_t position : positions) {
-      inputs.push_back(args[position].toTensor().storage());
-      args[position] = c10::IValue();
+    inputs.reserve(slots.size());
+    for (const TensorSlot& slot : slots) {
+      const c10::IValue& arg = args[slot.position];
+      inputs.push_back(slot.element < 0 ? arg.toTensor().storage() : arg.toTensorList().get(slot.element).storage());
     }
+    for (const TensorSlot& slot : slots) args[slot.position] = c10::IValue();
     std::vector<uint64_t> ptrs;
     std::vector<void*> weaks;
     for (const Output& o : cached->outputs) {
       const uint64_t nbytes = static_cast<uint64_t>(o.nbytes);
       const uint64_t ptr = next_ptr.fetch_add((nbytes + kAlign) / kAlign * kAlign);
-      c10::Storage storage(c10::Storage::use_byte_size_t{}, o.nbytes,
-                           c10::DataPtr(reinterpret_cast<void*>(ptr), c10::Device(kDevice, 0)),
-                           /*allocator=*/nullptr, /*resizable=*/false);
-      weaks.push_back(c10::raw::intrusive_ptr::make_weak(storage.unsafeGetStorageImpl()));
+      c10::Storage storage = fake_storage(ptr, o.nbytes);
+      weaks.push_back(weak_reference(storage));
       ptrs.push_back(ptr);
-      at::Tensor out = at::detail::make_tensor<at::TensorImpl>(std::move(storage),
-                                                              c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                              c10::scalarTypeToTypeMeta(o.dtype));
-      out.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides);
-      stack->emplace_back(std::move(out));
+      stack->emplace_back(device_tensor(std::move(storage), o.dtype, o.sizes, o.strides));
     }
     size_t count;
     {
       std::lock_guard<std::mutex> lock(trace_mutex);
-      trace.push_back(Record{this, op, std::move(cached), std::move(args), std::move(positions), std::move(inputs),
+      trace.push_back(Record{this, op, std::move(cached), std::move(args), std::move(slots), std::move(inputs),
                              std::move(ptrs), std::move(weaks)});
       count = trace.size();
       pending.store(count, std::memory_order_release);
@@ -356,14 +435,14 @@ struct RecordingKernel final : public c10::OperatorKernel {
   }
 
   void call_python(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n, const std::string* key,
-                   const std::vector<at::Tensor>* tensors) {
+                   const std::vector<at::Tensor>* tensors, bool traced) {
     std::vector<c10::IValue> values = torch::jit::pop(*stack, n);
     py::gil_scoped_acquire gil;
     n_python.fetch_add(1, std::memory_order_relaxed);
     thread_seen = true;
     auto [args, kwargs] = python_arguments(op, values);
     TeachSlot saved = teach_slot;
-    teach_slot = TeachSlot{key == nullptr ? nullptr : this, key, tensors, key == nullptr ? 0 : tensor_returns(op)};
+    teach_slot = key == nullptr ? TeachSlot{} : TeachSlot{this, &op, key, traced, tensors, tensor_returns(op)};
     PyObject* out = PyObject_Call(py_kernel, args.ptr(), kwargs.ptr());
     teach_slot = saved;
     if (out == nullptr) throw python_error();
@@ -373,6 +452,8 @@ struct RecordingKernel final : public c10::OperatorKernel {
 
   PyObject* py_kernel;
   bool teachable;
+  // the Python kernel traces its numbers (it has seen many values): keys leave their values out
+  std::atomic<bool> numbers_traced{false};
   std::mutex mutex;
   std::unordered_map<std::string, std::shared_ptr<const CachedOp>> cache;
 };
@@ -403,46 +484,73 @@ void register_metadata_kernel(const std::string& name) {
 
 // Called by the Python kernel of the op the current RecordingKernel is running, once it knows the op
 // can be recorded natively: `entry` is its cache entry, `spec` its outputs (`native_out_spec`). The tensors
-// among `fargs` (the arguments it ran on) must be the ones the cache key describes, else nothing is
-// cached; `views` and `leaves` say how each was read (a View of its storage's payload, whose
-// `base_shape` is that payload's shape, or None: the payload itself).
+// among `fargs` (the arguments it ran on, in schema order) must be the ones the cache key describes, else
+// nothing is cached; `views` and `leaves` say how each was read (a View of its storage's payload, whose
+// `base_shape` is that payload's shape, or None: the payload itself) and which numbers are traced (a
+// number argument that is itself a leaf). `traced_numbers`: the Python kernel traces every float and int
+// number from now on, so the cache key may leave their values out.
 bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence fargs, py::sequence views,
-           py::sequence leaves) {
+           py::sequence leaves, bool traced_numbers) {
   TeachSlot& slot = teach_slot;
   if (slot.kernel == nullptr || slot.key == nullptr || slot.kernel->py_kernel != kernel.ptr()) return false;
   if (slot.op_returns == 0 || spec.size() != slot.op_returns) return false;
+  if (traced_numbers != slot.traced_numbers) {
+    if (traced_numbers && !slot.kernel->numbers_traced.exchange(true)) {
+      // its entries keyed by value would never be found again
+      std::lock_guard<std::mutex> lock(slot.kernel->mutex);
+      slot.kernel->cache.clear();
+    }
+    return false;  // this key was made the other way; the next call's is taught
+  }
   {
     std::lock_guard<std::mutex> lock(slot.kernel->mutex);
     if (slot.kernel->cache.size() >= kMaxEntriesPerOp || slot.kernel->cache.count(*slot.key)) return false;
   }
   const auto& tensors = *slot.tensors;
-  if (views.size() != tensors.size()) return false;
-  size_t k = 0;
-  for (auto arg : fargs) {
-    if (!THPVariable_Check(arg.ptr())) continue;
-    if (k == tensors.size()) return false;
-    const at::Tensor& seen = THPVariable_Unpack(arg.ptr());
-    const at::Tensor& t = tensors[k++];
+  const auto& schema_args = slot.op->schema().arguments();
+  if (views.size() != tensors.size() || fargs.size() != schema_args.size()) return false;
+  py::str base_shape_name("base_shape"), shape_name("shape"), offset_name("offset");
+  std::vector<py::object> payload_shapes;
+  std::vector<LeafSource> plan;
+  const size_t n_leaves = leaves.size();
+  size_t k = 0;  // tensors seen
+  size_t j = 0;  // leaves accounted for
+  auto take_tensor = [&](PyObject* obj) {
+    if (k == tensors.size() || j == n_leaves) return false;
+    const at::Tensor& seen = THPVariable_Unpack(obj);
+    const at::Tensor& t = tensors[k];
     if (seen.sizes() != t.sizes() || seen.strides() != t.strides() || seen.storage_offset() != t.storage_offset() ||
         seen.scalar_type() != t.scalar_type())
       return false;
-  }
-  if (k != tensors.size()) return false;
-  py::str base_shape_name("base_shape"), shape_name("shape"), offset_name("offset");
-  std::vector<py::object> payload_shapes;
-  std::vector<bool> offset_leaves;
-  size_t n_leaves = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    py::object view = views[i];
-    bool traced = !view.is_none() && view.attr(offset_name).is_none();
-    if (!view.is_none() && !traced && !PyLong_Check(view.attr(offset_name).ptr())) return false;  // N-D starts
-    py::object base = view.is_none() ? py::object(leaves[n_leaves].attr(shape_name))
-                                     : py::object(view.attr(base_shape_name));
+    py::object view = views[k];
+    const bool traced_offset = !view.is_none() && view.attr(offset_name).is_none();
+    if (!view.is_none() && !traced_offset && !PyLong_Check(view.attr(offset_name).ptr())) return false;  // N-D
+    py::object base = view.is_none() ? py::object(leaves[j].attr(shape_name)) : py::object(view.attr(base_shape_name));
     payload_shapes.push_back(py::tuple(base));
-    offset_leaves.push_back(traced);
-    n_leaves += traced ? 2 : 1;
+    plan.push_back(LeafSource{'t', static_cast<uint32_t>(k)});
+    ++j;
+    if (traced_offset) {
+      if (j == n_leaves) return false;
+      plan.push_back(LeafSource{'o', static_cast<uint32_t>(k)});
+      ++j;
+    }
+    ++k;
+    return true;
+  };
+  for (size_t i = 0; i < schema_args.size(); ++i) {
+    py::object arg = fargs[i];
+    PyObject* obj = arg.ptr();
+    if (THPVariable_Check(obj)) {
+      if (!take_tensor(obj)) return false;
+    } else if (is_tensor_list_argument(schema_args[i]) && (PyList_Check(obj) || PyTuple_Check(obj))) {
+      for (auto element : py::reinterpret_borrow<py::sequence>(arg))
+        if (!THPVariable_Check(element.ptr()) || !take_tensor(element.ptr())) return false;
+    } else if ((PyFloat_CheckExact(obj) || PyLong_CheckExact(obj)) && j < n_leaves && leaves[j].ptr() == obj) {
+      plan.push_back(LeafSource{'n', static_cast<uint32_t>(i)});  // a number the executable takes as input
+      ++j;
+    }
   }
-  if (leaves.size() != n_leaves) return false;  // a traced number among the leaves
+  if (k != tensors.size() || j != n_leaves) return false;
   std::vector<Output> outputs;
   std::vector<py::object> owned;  // the outputs' shape and dtype objects, kept by the entry once it is cached
   for (auto one : spec) {
@@ -469,7 +577,7 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
   auto cached = std::make_shared<CachedOp>();
   cached->outputs = std::move(outputs);
   cached->entry = entry.inc_ref().ptr();
-  cached->offset_leaves = std::move(offset_leaves);
+  cached->leaves = std::move(plan);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     cached->input_shapes.push_back(payload_shapes[i].release().ptr());
@@ -521,12 +629,19 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
     const CachedOp& cached = *rec.cached;
     py::object leaves;
     if (plain_reads) {
-      size_t n_leaves = rec.tensor_positions.size();
-      for (bool traced : cached.offset_leaves) n_leaves += traced;
-      py::tuple arrays(n_leaves);
-      size_t leaf = 0;
+      py::tuple arrays(cached.leaves.size());
       bool plain = true;
-      for (size_t i = 0; i < rec.tensor_positions.size() && plain; ++i) {
+      for (size_t l = 0; l < cached.leaves.size() && plain; ++l) {
+        const LeafSource& source = cached.leaves[l];
+        const size_t i = source.index;
+        if (source.kind == 'o') {
+          arrays[l] = py::int_(cached.input_offsets[i]);
+          continue;
+        }
+        if (source.kind == 'n') {
+          arrays[l] = number_leaf(rec.args[i]);
+          continue;
+        }
         PyObject* key = PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(rec.inputs[i].data_ptr().get()));
         PyObject* payload = PyDict_GetItem(payloads.ptr(), key);  // borrowed
         Py_DECREF(key);
@@ -537,18 +652,14 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
         py::handle p(payload);
         py::object array = p.attr(array_name);
         plain = !array.is_none() &&
-                p.attr(dtype_name).ptr() ==
-                    reinterpret_cast<PyObject*>(torch::getTHPDtype(cached.input_dtypes[i]));
+                p.attr(dtype_name).ptr() == reinterpret_cast<PyObject*>(torch::getTHPDtype(cached.input_dtypes[i]));
         if (plain) {
           py::object shape = p.attr(shape_name);
           int same = PyObject_RichCompareBool(shape.ptr(), cached.input_shapes[i], Py_EQ);
           if (same < 0) throw python_error();
           plain = same == 1;
         }
-        if (plain) {
-          arrays[leaf++] = std::move(array);
-          if (cached.offset_leaves[i]) arrays[leaf++] = py::int_(cached.input_offsets[i]);
-        }
+        if (plain) arrays[l] = std::move(array);
       }
       if (plain) leaves = std::move(arrays);
     }
@@ -562,8 +673,7 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
     if (leaves) {
       done = fast(py::handle(cached.entry), leaves, outs);
     } else {
-      for (size_t i = 0; i < rec.tensor_positions.size(); ++i)
-        rec.args[rec.tensor_positions[i]] = tensor_on(rec.inputs[i], cached, i);
+      restore_tensors(rec.args, rec.slots, rec.inputs, cached);
       auto [args, kwargs] = python_arguments(rec.op, rec.args);
       done = general(py::handle(rec.kernel->py_kernel), py::handle(cached.entry), args, kwargs, outs);
     }
@@ -603,7 +713,7 @@ void init_recorder(py::module& m) {
   m.def("pending", []() { return pending.load(std::memory_order_acquire) + in_flight.load(std::memory_order_acquire); },
         "Records not yet handed to Python, counting those a hand-over is replaying");
   m.def("teach", &teach, py::arg("kernel"), py::arg("entry"), py::arg("spec"), py::arg("fargs"),
-        py::arg("views"), py::arg("leaves"));
+        py::arg("views"), py::arg("leaves"), py::arg("traced_numbers"));
   m.def("register_metadata_kernel", &register_metadata_kernel, py::arg("name"),
         "Register PyTorch's CPU kernel (sizes, strides, offsets only) as the PrivateUse1 kernel of `name`");
   m.def("replay_records", &replay_records, py::arg("fast"), py::arg("general"), py::arg("payloads"),

@@ -25,6 +25,8 @@
 #include <map>
 #include <mutex>
 
+#include "device_tensor.h"
+
 namespace py = pybind11;
 
 namespace hf_tpu_native {
@@ -329,14 +331,9 @@ py::tuple draw_default(uint64_t count) {
 // registry, never dereferenced) and a raw weak reference to that storage (what the registry keeps to
 // see it die): what every op output needs, in one call instead of five Python-level ones.
 py::tuple new_device_tensor(uint64_t fake_ptr, int64_t nbytes, c10::IntArrayRef shape, at::ScalarType dtype) {
-  c10::Storage storage(
-      c10::Storage::use_byte_size_t{}, nbytes,
-      c10::DataPtr(reinterpret_cast<void*>(fake_ptr), c10::Device(kTpu, 0)),
-      /*allocator=*/nullptr, /*resizable=*/false);
-  void* weak = c10::raw::intrusive_ptr::make_weak(storage.unsafeGetStorageImpl());
-  at::Tensor tensor = at::detail::make_tensor<at::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
-  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  c10::Storage storage = fake_storage(fake_ptr, nbytes);
+  void* weak = weak_reference(storage);
+  at::Tensor tensor = device_tensor(std::move(storage), dtype, shape, c10::contiguous_strides(shape));
   return py::make_tuple(tensor, reinterpret_cast<uintptr_t>(weak));
 }
 
