@@ -107,6 +107,33 @@ def test_numbers_that_change_every_step_are_recorded_with_their_values(defer):
     assert _hits() - before == 3
 
 
+def test_only_outputs_alive_after_the_hand_over_get_a_payload(defer):
+    """An output read only by later ops of the same native trace is handed to them directly; it gets a
+    payload only if a tensor still holds it once they are in."""
+    xc = torch.randn(16)
+    x = xc.to("tpu")
+    (x + x).cpu()
+    before = native_recording.stats()
+    kept, y = [], x
+    for i in range(200):
+        y = y + x
+        if i % 10 == 0:
+            kept.append(y)
+    native_recording.drain()
+    after = native_recording.stats()
+    assert after["hits"] - before["hits"] == 200
+    assert after["adopted"] - before["adopted"] == 21  # the 20 kept and the last
+    assert after["dropped"] - before["dropped"] == 179
+    expected, yc = [], xc
+    for i in range(200):
+        yc = yc + xc
+        if i % 10 == 0:
+            expected.append(yc)
+    for t, e in zip(kept, expected):
+        torch.testing.assert_close(t.cpu(), e)
+    torch.testing.assert_close(y.cpu(), yc)
+
+
 def test_tensor_lists_are_recorded_natively(defer):
     ac, bc = torch.randn(4, 3), torch.randn(2, 3)
     a, b = ac.to("tpu"), bc.to("tpu")

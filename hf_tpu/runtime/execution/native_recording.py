@@ -4,8 +4,8 @@ entering Python, then handed over.
 With the extension, every `OpKernel` is registered behind a C++ kernel. Under DeferAndFuse, a functional
 op the C++ kernel has a cached result for (same op, argument shapes/dtypes and values) is appended to a
 native trace and its output tensor made in C++; the first time, the Python kernel runs and `teach`es
-the cache. `drain` hands the native trace to Python's trace (`lazy.call` of each op's cached executable,
-and the output's payload), and runs whenever Python is about to look at payloads: a lookup of an output
+the cache. `drain` hands the native trace to Python's trace (`lazy.call` of each op's cached executable;
+a payload for each output still alive once the ops of the trace that read it are in), and runs whenever Python is about to look at payloads: a lookup of an output
 it has not seen, a write, a flush, a compiled call (`REGISTRY.drain_native`). An op whose inputs no
 longer read as they did when it was taught (another payload shape, a dtype reinterpretation) runs
 through its Python kernel at that point instead, which records exactly what it always would.
@@ -104,13 +104,12 @@ def drain() -> None:
     with DONATION_LOCK if len(_device_threads) > 1 else _NO_LOCK, _lock:
         errors: list = []
 
-        def fast(entry, leaves, outs) -> None:
+        def fast(entry, leaves, outs):
             try:
-                value = lazy.call(entry.fn, leaves, entry)
+                return lazy.call(entry.fn, leaves, entry)
             except BaseException as exc:  # noqa: BLE001 - raised once every record is in
                 errors.append(exc)
-                value = _failed(entry, outs)
-            _adopt_outputs(outs, value)
+                return _failed(entry, outs)
 
         def general(kernel, entry, args, kwargs, outs) -> None:
             try:
@@ -129,7 +128,7 @@ def drain() -> None:
         _replaying.thread = threading.get_ident()
         try:
             while _ext.pending():  # what other threads recorded meanwhile, after this batch
-                _ext.replay_records(fast, general, _payloads, True)
+                _ext.replay_records(fast, general, _adopt, _payloads, True)
         finally:
             _replaying.thread = None
         _ext.set_max_pending(lazy.room())
@@ -170,7 +169,8 @@ def _failed(entry, outs: tuple):
 
 def stats() -> dict:
     """Counts of the C++ recorder: ops recorded natively (hits), cache misses, entries taught, ops
-    that ran the Python kernel, and records not yet handed over."""
+    that ran the Python kernel, records not yet handed over, and the handed-over outputs that were given
+    a payload (adopted) or were dead by then (dropped)."""
     if _ext is None or not hasattr(_ext, "recording_stats"):
         return {}
     return dict(_ext.recording_stats())

@@ -111,6 +111,7 @@ std::atomic<bool> recording{false};
 std::atomic<uint64_t> next_ptr{kFirstPtr};
 std::atomic<size_t> max_pending{2048};
 std::atomic<uint64_t> n_hits{0}, n_misses{0}, n_taught{0}, n_python{0};
+std::atomic<uint64_t> n_adopted{0}, n_dropped{0};  // hand-over outputs given a payload / dead before one
 PyObject* drain_callback = nullptr;  // Python: hands the native trace over (kept for the process)
 
 struct TeachSlot {
@@ -596,13 +597,106 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
   return true;
 }
 
+// An output a hand-over has computed, kept for the records after it that read it: it is given its payload
+// (`adopt`) only once none of them is left, and only if its storage is still alive then. Most outputs
+// live only inside one trace (`y = y + x` in a loop) and never need one.
+struct Produced {
+  py::object value;  // the LazyValue (or array) Python recorded for it
+  const Output* output = nullptr;
+  void* weak = nullptr;
+  size_t readers = 0;  // records of this hand-over not yet replayed that read it
+};
+
+class Handover {
+ public:
+  explicit Handover(py::handle adopt) : adopt_(adopt) {}
+  ~Handover() {
+    for (auto& [ptr, p] : produced_) release(p.weak);  // only after an error escaped the loop
+  }
+
+  // Before the replay: how many records read each output of the batch.
+  void count_readers(const std::vector<Record>& records) {
+    for (const Record& rec : records) {
+      for (size_t o = 0; o < rec.out_ptrs.size(); ++o) readers_[rec.out_ptrs[o]] = 0;
+      for (const c10::Storage& input : rec.inputs) {
+        auto it = readers_.find(ptr_of(input));
+        if (it != readers_.end()) ++it->second;
+      }
+    }
+  }
+
+  // The value of a batch output a record reads (nullptr: not one of this hand-over's).
+  const Produced* find(const c10::Storage& input) const {
+    auto it = produced_.find(ptr_of(input));
+    return it == produced_.end() ? nullptr : &it->second;
+  }
+
+  // Record `rec` computed `value` (one output's, or a sequence of one per output).
+  void computed(const Record& rec, const CachedOp& cached, const py::object& value) {
+    const size_t n = cached.outputs.size();
+    py::sequence many;
+    if (n > 1) many = py::reinterpret_borrow<py::sequence>(value);
+    for (size_t o = 0; o < n; ++o) {
+      Produced p{n == 1 ? value : py::object(many[o]), &cached.outputs[o], rec.out_weaks[o], 0};
+      auto it = readers_.find(rec.out_ptrs[o]);
+      p.readers = it == readers_.end() ? 0 : it->second;
+      if (p.readers == 0)
+        settle(rec.out_ptrs[o], p);
+      else
+        produced_.emplace(rec.out_ptrs[o], std::move(p));
+    }
+  }
+
+  // Record `rec` is replayed and holds its inputs no more: outputs it was the last reader of are settled.
+  void read_by(const std::vector<uint64_t>& input_ptrs) {
+    for (uint64_t ptr : input_ptrs) {
+      auto it = produced_.find(ptr);
+      if (it == produced_.end() || --it->second.readers > 0) continue;
+      Produced p = std::move(it->second);
+      produced_.erase(it);
+      settle(ptr, p);
+    }
+  }
+
+  // Every kept output gets its payload now (a Python kernel is about to look the payloads up).
+  void settle_all() {
+    auto all = std::move(produced_);
+    produced_.clear();
+    for (auto& [ptr, p] : all) settle(ptr, p);
+  }
+
+  static uint64_t ptr_of(const c10::Storage& s) { return reinterpret_cast<uintptr_t>(s.data_ptr().get()); }
+
+ private:
+  void settle(uint64_t ptr, Produced& p) {
+    if (c10::raw::weak_intrusive_ptr::use_count(static_cast<c10::StorageImpl*>(p.weak)) == 0) {
+      release(p.weak);  // dead: no tensor can ever read it
+      n_dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    n_adopted.fetch_add(1, std::memory_order_relaxed);
+    const Output& out = *p.output;
+    adopt_(py::int_(ptr), py::int_(reinterpret_cast<uintptr_t>(p.weak)), py::handle(out.shape),
+           py::handle(out.dtype_obj), py::int_(out.nbytes), p.value);
+  }
+
+  static void release(void* weak) { c10::raw::weak_intrusive_ptr::decref(static_cast<c10::StorageImpl*>(weak)); }
+
+  py::handle adopt_;
+  std::unordered_map<uint64_t, size_t> readers_;
+  std::unordered_map<uint64_t, Produced> produced_;
+};
+
 // Empties the native trace into Python's, in order: per record, `fast(entry, leaves, outs)` when every
-// tensor argument's storage payload is as the entry was built for (`payloads` is the registry), `leaves`
-// being the cached executable's inputs; else `general(kernel, entry, args, kwargs, outs)` for the Python
-// kernel to run. `outs`: per output, (fake pointer, weak storage reference, bytes, shape, dtype). Each
-// call registers the record's outputs, so a later record reading them finds their payloads. `plain_reads` false sends every
-// record the second way. Returns how many records were handed over.
-size_t replay_records(py::handle fast, py::handle general, const py::dict& payloads, bool plain_reads) {
+// tensor argument reads its value as the entry was built for (the output of an earlier record of this
+// batch, or its storage's payload: `payloads` is the registry), `leaves` being the cached executable's
+// inputs, returning the recorded value(s); else `general(kernel, entry, args, kwargs, outs)` runs the
+// Python kernel, which gives its outputs their payloads itself. `outs`: per output, (fake pointer, weak
+// storage reference, bytes, shape, dtype). `adopt(ptr, weak, shape, dtype, nbytes, value)` gives an
+// output that is still alive its payload (see `Handover`). `plain_reads` false sends every record the
+// second way. Returns how many records were handed over.
+size_t replay_records(py::handle fast, py::handle general, py::handle adopt, const py::dict& payloads,
+                      bool plain_reads) {
   std::vector<Record> records;
   {
     std::lock_guard<std::mutex> lock(trace_mutex);
@@ -622,11 +716,16 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
       in_flight.fetch_sub(count);
     }
   } restore{teach_slot, saved, records.size()};
+  Handover handover(adopt);
+  handover.count_readers(records);
   std::optional<py::error_already_set> first_error;
   py::str array_name("array"), shape_name("shape"), dtype_name("dtype");
+  std::vector<uint64_t> input_ptrs;
   for (Record& rec : records) {
-   try {
     const CachedOp& cached = *rec.cached;
+    input_ptrs.clear();
+    for (const c10::Storage& input : rec.inputs) input_ptrs.push_back(Handover::ptr_of(input));
+   try {
     py::object leaves;
     if (plain_reads) {
       py::tuple arrays(cached.leaves.size());
@@ -642,7 +741,17 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
           arrays[l] = number_leaf(rec.args[i]);
           continue;
         }
-        PyObject* key = PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(rec.inputs[i].data_ptr().get()));
+        if (const Produced* p = handover.find(rec.inputs[i])) {
+          plain = p->output->dtype == cached.input_dtypes[i];
+          if (plain) {
+            int same = PyObject_RichCompareBool(p->output->shape, cached.input_shapes[i], Py_EQ);
+            if (same < 0) throw python_error();
+            plain = same == 1;
+          }
+          if (plain) arrays[l] = p->value;
+          continue;
+        }
+        PyObject* key = PyLong_FromUnsignedLongLong(input_ptrs[i]);
         PyObject* payload = PyDict_GetItem(payloads.ptr(), key);  // borrowed
         Py_DECREF(key);
         if (payload == nullptr) {
@@ -669,13 +778,13 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
       outs[o] = py::make_tuple(py::int_(rec.out_ptrs[o]), py::int_(reinterpret_cast<uintptr_t>(rec.out_weaks[o])),
                                py::int_(out.nbytes), py::handle(out.shape), py::handle(out.dtype_obj));
     }
-    py::object done;
     if (leaves) {
-      done = fast(py::handle(cached.entry), leaves, outs);
+      handover.computed(rec, cached, fast(py::handle(cached.entry), leaves, outs));
     } else {
+      handover.settle_all();  // the Python kernel reads its inputs from their payloads
       restore_tensors(rec.args, rec.slots, rec.inputs, cached);
       auto [args, kwargs] = python_arguments(rec.op, rec.args);
-      done = general(py::handle(rec.kernel->py_kernel), py::handle(cached.entry), args, kwargs, outs);
+      general(py::handle(rec.kernel->py_kernel), py::handle(cached.entry), args, kwargs, outs);
     }
    } catch (py::error_already_set& e) {  // the others are still handed over; the first error is raised
     if (!first_error) first_error.emplace(std::move(e));
@@ -684,7 +793,9 @@ size_t replay_records(py::handle fast, py::handle general, const py::dict& paylo
     // still referenced are not live outputs (as when the op was recorded in Python)
     std::vector<c10::IValue>().swap(rec.args);
     std::vector<c10::Storage>().swap(rec.inputs);
+    handover.read_by(input_ptrs);
   }
+  handover.settle_all();
   if (first_error) throw std::move(*first_error);
   return records.size();
 }
@@ -696,6 +807,8 @@ py::dict recording_stats() {
   d["taught"] = n_taught.load();
   d["python_calls"] = n_python.load();
   d["pending"] = pending.load();
+  d["adopted"] = n_adopted.load();
+  d["dropped"] = n_dropped.load();
   return d;
 }
 
@@ -716,8 +829,8 @@ void init_recorder(py::module& m) {
         py::arg("views"), py::arg("leaves"), py::arg("traced_numbers"));
   m.def("register_metadata_kernel", &register_metadata_kernel, py::arg("name"),
         "Register PyTorch's CPU kernel (sizes, strides, offsets only) as the PrivateUse1 kernel of `name`");
-  m.def("replay_records", &replay_records, py::arg("fast"), py::arg("general"), py::arg("payloads"),
-        py::arg("plain_reads"));
+  m.def("replay_records", &replay_records, py::arg("fast"), py::arg("general"), py::arg("adopt"),
+        py::arg("payloads"), py::arg("plain_reads"));
   m.def("recording_stats", &recording_stats);
   m.attr("FIRST_RECORDED_PTR") = py::int_(kFirstPtr);
 }
