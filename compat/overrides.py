@@ -112,7 +112,12 @@ OVERRIDES: dict[str, Override] = {
     # shrunk backbone the features vanish (encoder memory ~1e-19), every anchor gets the same class score,
     # and the decoder's top-k query selection is a full tie that CPU and tpu break differently (both
     # valid). A wider init keeps the scores apart (trained checkpoints have BatchNorm weights near 1).
-    **{mt: Override(config={"initializer_range": 0.5}) for mt in ("pp_doclayout_v3", "pp_doclayout_v4")},
+    # The same std draws every conv and linear weight, so activations scale like std**(2 x depth): a knife
+    # edge. For V3 0.5 overshoots: out_masks reach ~400 and float32's own rounding noise on them spans
+    # 5e-4..8e-3 RMSE (CPU with 1 vs 2 threads, 1-ulp input changes), so the 2 x RMSE(ref) rule fails
+    # on the reference's luck. 0.46 keeps every anchor distinct with out_masks O(1).
+    "pp_doclayout_v3": Override(config={"initializer_range": 0.46}),
+    "pp_doclayout_v4": Override(config={"initializer_range": 0.5}),
     # Probabilistic forecasters: the default config leaves prediction/context lengths unset.
     "time_series_transformer": Override(config={"prediction_length": 4, "context_length": 8}),
     "informer": Override(config={"prediction_length": 4, "context_length": 8}),
