@@ -215,14 +215,15 @@ def errors():
     a, b = torch.randn(3, device="tpu"), torch.randn(4, device="tpu")
     ints = torch.arange(3, device="tpu")
     found = []
-    with torch.tpu.eager_mode("defer_and_fuse"):
-        for _ in range(2):  # the second time, the recorder has the ops' entries cached
-            (a + a).cpu(), (ints + 1).cpu()
-            for bad in (lambda: a + b, lambda: ints.add_(0.5), lambda: a.view(2, 2)):
-                try:
-                    bad()
-                except Exception as exc:
-                    found.append(f"{type(exc).__name__}: {exc}")
+    for mode in ("defer_and_fuse", "defer_never"):
+        with torch.tpu.eager_mode(mode):
+            for _ in range(2):  # the second time, the C++ kernels have the ops' entries cached
+                (a + a).cpu(), (ints + 1).cpu()
+                for bad in (lambda: a + b, lambda: ints.add_(0.5), lambda: a.view(2, 2)):
+                    try:
+                        bad()
+                    except Exception as exc:
+                        found.append(f"{type(exc).__name__}: {exc}")
     return found
 """
 
@@ -233,7 +234,7 @@ def test_errors_are_the_python_paths_and_hf_tpu_native_record_0_turns_it_off():
     scope: dict = {}
     exec(_ERRORS, scope)
     here = scope["errors"]()
-    assert len(here) == 6, here
+    assert len(here) == 12, here
     code = _ERRORS + "import json; print(json.dumps([nr.ENABLED, nr.stats().get('hits', 0), errors()]))"
     done = subprocess.run(
         [sys.executable, "-c", code],
@@ -305,3 +306,56 @@ def test_a_list_output_of_one_tensor(defer):
         parts = torch.unbind_copy(x)
         assert len(parts) == 1
         torch.testing.assert_close(parts[0].cpu(), x.cpu()[0])
+
+
+def _strict_ops(x, w, i):
+    """Ops the Strict fast path runs: several outputs, permuted layouts, views at an offset (a traced
+    offset in Strict), numbers, tensor lists, integer math."""
+    mean, rstd = torch.ops.aten.native_layer_norm(x, [8], w, w * 0.5, 1e-5)[1:]
+    y = x.t().contiguous() * 2.0 + x[1:3].sum()
+    z = torch.cat([x[2:], x[:2]]) - x.mean(0, keepdim=True)
+    return mean, rstd, y, z, torch.stack([x, x.exp()], 2).amax(1), (i * 3 + 1) // 2, x.permute(1, 0).tanh()
+
+
+def test_strict_ops_run_from_cpp_and_match_cpu():
+    """Strict (the default mode): an op the C++ kernel has an entry for runs the entry's executable from
+    C++ and makes its outputs there; values, dtypes and layouts are CPU's."""
+    xc, wc, ic = torch.randn(4, 8), torch.randn(8), torch.arange(12).reshape(3, 4)
+    x, w, i = xc.to("tpu"), wc.to("tpu"), ic.to("tpu")
+    _strict_ops(x, w, i)
+    before = native_recording.stats()["strict"]
+    for _ in range(3):
+        got = _strict_ops(x, w, i)
+    assert native_recording.stats()["strict"] - before >= 3 * 15
+    for g, e in zip(got, _strict_ops(xc, wc, ic)):
+        assert g.dtype == e.dtype and g.shape == e.shape and g.stride() == e.stride()
+        torch.testing.assert_close(g.cpu(), e)
+
+
+def test_debug_mode_and_other_threads_keep_their_guarantees():
+    """Debug (launch blocking) runs every op through its Python kernel (value checks, blocking); with a
+    second thread using tpu tensors the fast path reads payloads under the donation lock, and values
+    stay right while that thread updates a tensor in place."""
+    import threading
+
+    x = torch.ones(4, device="tpu")
+    (x + 1).cpu()
+    before = native_recording.stats()["strict"]
+    with torch.tpu.eager_mode("defer_never_and_launch_blocking"):
+        for _ in range(3):
+            torch.testing.assert_close((x + 1).cpu(), torch.full((4,), 2.0))
+    assert native_recording.stats()["strict"] == before
+    acc = torch.zeros(4, device="tpu")
+
+    def bump():
+        for _ in range(200):
+            acc.add_(1.0)
+
+    t = threading.Thread(target=bump)
+    t.start()
+    outs = [x + 1 for _ in range(200)]
+    t.join(timeout=120)
+    assert not t.is_alive()
+    torch.testing.assert_close(acc.cpu(), torch.full((4,), 200.0))
+    for o in outs:
+        torch.testing.assert_close(o.cpu(), torch.full((4,), 2.0))

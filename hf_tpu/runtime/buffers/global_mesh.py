@@ -51,7 +51,7 @@ def active() -> bool:
     jax = platform.jax()
     platform.devices()  # backends started: joined the job, when there is one
     if jax.process_count() > 1:
-        platform.MULTI_CHIP[0] = len(jax.devices()) > 1
+        platform.set_multi_chip(len(jax.devices()) > 1)
         return True
     if os.environ.get("WORLD_SIZE", "").strip() == "1":  # torchrun with one process: global is local
         return False

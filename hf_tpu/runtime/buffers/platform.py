@@ -178,12 +178,23 @@ def devices() -> tuple:
     if forced and devs and devs[0] != j.local_devices()[0]:
         # unsharded arrays are uncommitted: they go to JAX's default device, which must be ours
         j.config.update("jax_default_device", devs[0])
-    MULTI_CHIP[0] = len(devs) > 1
+    set_multi_chip(len(devs) > 1)
     return tuple(devs)
 
 
 # more than one local chip (hot paths check this list's only element: N-D view reads, accounting)
 MULTI_CHIP = [False]
+
+
+def set_multi_chip(on: bool) -> None:
+    """Note whether arrays may be sharded over several chips: the C++ kernels then leave every op to
+    the Python kernels (their cached entries know one chip's layouts only)."""
+    MULTI_CHIP[0] = on
+    from hf_tpu.runtime import native  # the lowest layer: no cycle
+
+    ext = native.load()
+    if ext is not None and hasattr(ext, "set_multi_chip"):
+        ext.set_multi_chip(on)
 
 
 # glibc mallopt parameters

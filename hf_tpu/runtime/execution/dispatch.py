@@ -484,17 +484,18 @@ class OpKernel:
         if self.lowering.random:
             leaves.insert(0, rng.next_material() if generator is None else rng.material_of(generator))
         try:
+            if self.teachable and not MULTI_CHIP[0]:
+                # the C++ kernel may record (DeferAndFuse) or run (Strict) this op from now on
+                # (native_recording.py); it checks the rest (the tensors it keyed, where each leaf comes
+                # from). Numbers' values leave its key with traced scalars, unless a static check may
+                # read them.
+                spec = entry.native_spec
+                if spec is None:
+                    spec = entry.native_spec = native_recording.out_spec(entry.spec)
+                if spec:
+                    traced = dynamic and self.checks is None
+                    native_recording.teach(self, entry, spec, fargs, views, leaves, traced)
             if lazy._enabled:
-                if self.teachable and not MULTI_CHIP[0]:
-                    # the C++ recorder may record this op from now on (native_recording.py); it checks
-                    # the rest (the tensors it keyed, where each leaf comes from). Numbers' values leave
-                    # its key with traced scalars, unless a static check may read them.
-                    spec = entry.native_spec
-                    if spec is None:
-                        spec = entry.native_spec = native_recording.out_spec(entry.spec)
-                    if spec:
-                        traced = dynamic and self.checks is None
-                        native_recording.teach(self, entry, spec, fargs, views, leaves, traced)
                 return lazy.call(entry.fn, leaves, entry), entry.spec
             if bake:  # another thread left DeferAndFuse during this op: its inputs may still be pending
                 leaves = [lazy.concrete(x) if type(x) is LazyValue else x for x in leaves]

@@ -10,6 +10,10 @@ it has not seen, a write, a flush, a compiled call (`REGISTRY.drain_native`). An
 longer read as they did when it was taught (another payload shape, a dtype reinterpretation) runs
 through its Python kernel at that point instead, which records exactly what it always would.
 
+In Strict mode the same C++ kernel runs an op it has a Strict entry for by itself: it calls the entry's
+jitted executable on the inputs' payload arrays and makes the outputs, which `REGISTRY.adopt_recorded`
+registers (`install` hands it what it calls).
+
 `HF_TPU_NATIVE_RECORD=0` registers the Python kernels directly, as without the extension (A/B
 measurements).
 """
@@ -22,11 +26,13 @@ import threading
 import torch
 
 from hf_tpu.runtime import native
+from hf_tpu.runtime.buffers import platform, threads
 from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
+from hf_tpu.runtime.buffers.pending import LazyValue
 from hf_tpu.runtime.buffers.storage import REGISTRY
 from hf_tpu.runtime.buffers.threads import _NO_LOCK, DONATION_LOCK, _device_threads
 from hf_tpu.runtime.execution.out_specs import LaidOut
-from hf_tpu.runtime.launch import lazy
+from hf_tpu.runtime.launch import lazy, modes
 from hf_tpu.runtime.tensors.tensor import _permuted_back as permuted_back
 from hf_tpu.runtime.tensors.tensor import contiguous_strides
 
@@ -84,13 +90,26 @@ def metadata_kernel_registrar():
 
 
 def install() -> None:
-    """Let the storage registry and the recorder's overflow hand the native trace over."""
+    """Let the storage registry and the recorder's overflow hand the native trace over, and give the
+    Strict fast path what it calls."""
     if not ENABLED:
         return
     REGISTRY.drain = drain
     _ext.set_drain_callback(drain)
     _ext.set_recording(lazy.enabled())
     _ext.set_max_pending(lazy.room())
+    _ext.install_strict(
+        REGISTRY.adopt_recorded,
+        _payloads,
+        platform.last_launched,
+        LazyValue,
+        DONATION_LOCK,
+        torch._C._dynamo.eval_frame.set_eval_frame,
+    )
+    threads.on_another_thread(_ext.note_several_threads)
+    if len(_device_threads) > 1:
+        _ext.note_several_threads()
+    modes.sync_native_mode()
 
 
 def drain() -> None:

@@ -7,6 +7,7 @@ import enum
 import os
 import threading
 
+from hf_tpu.runtime import native
 from hf_tpu.runtime.buffers import threads
 from hf_tpu.runtime.launch import lazy
 
@@ -55,6 +56,17 @@ def set_eager_mode(mode: EagerMode | str) -> None:
         lazy.scoped[0] = False
         _State.mode = mode
         _State.launch_blocking = mode is EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING
+        sync_native_mode()
+
+
+_native_module = native.load()
+
+
+def sync_native_mode() -> None:
+    """Tell the C++ kernels whether to run cached ops themselves (Strict; not Debug, which blocks and
+    runs the value checks after each op)."""
+    if _native_module is not None and hasattr(_native_module, "set_strict"):
+        _native_module.set_strict(_State.mode is EagerMode.DEFER_NEVER)
 
 
 def get_eager_mode() -> EagerMode:

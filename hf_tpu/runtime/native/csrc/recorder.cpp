@@ -77,6 +77,7 @@ struct Output {
 
 struct CachedOp {
   PyObject* entry = nullptr;  // the Python kernel's cache entry (its jitted fn, spec, output avals)
+  PyObject* fn = nullptr;     // the entry's jitted executable
   std::vector<Output> outputs;
   // per tensor argument: the shape of its storage's payload the entry reads it from (a tuple), and the
   // tensor's own metadata
@@ -108,10 +109,25 @@ std::vector<Record> trace;
 std::atomic<size_t> pending{0};    // records in the native trace
 std::atomic<size_t> in_flight{0};  // records taken by a hand-over that has not finished replaying them
 std::atomic<bool> recording{false};
+std::atomic<bool> strict{false};           // Strict mode: cached ops run from C++ (`run_strict`)
+std::atomic<bool> several_threads{false};  // more than one thread uses tpu tensors (threads.py)
+std::atomic<bool> multi_chip{false};  // arrays may be sharded: every op takes its Python kernel
 std::atomic<uint64_t> next_ptr{kFirstPtr};
 std::atomic<size_t> max_pending{2048};
 std::atomic<uint64_t> n_hits{0}, n_misses{0}, n_taught{0}, n_python{0};
-std::atomic<uint64_t> n_adopted{0}, n_dropped{0};  // hand-over outputs given a payload / dead before one
+std::atomic<uint64_t> n_adopted{0}, n_dropped{0};
+std::atomic<uint64_t> n_strict{0};  // Strict ops run from C++
+// What the Strict fast path needs from Python (set once by `install_strict`, kept for the process): the
+// registry's `adopt_recorded` and payload dict, `platform.last_launched`, the LazyValue type,
+// DONATION_LOCK, and Dynamo's `set_eval_frame`.
+struct StrictHooks {
+  PyObject* adopt = nullptr;
+  PyObject* payloads = nullptr;
+  PyObject* last_launched = nullptr;
+  PyObject* lazy_value_type = nullptr;
+  PyObject* donation_lock = nullptr;
+  PyObject* set_eval_frame = nullptr;
+} strict_hooks;  // hand-over outputs given a payload / dead before one
 PyObject* drain_callback = nullptr;  // Python: hands the native trace over (kept for the process)
 
 struct TeachSlot {
@@ -367,9 +383,12 @@ struct RecordingKernel final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
-    if (teachable && recording.load(std::memory_order_relaxed)) {
+    const bool deferred = recording.load(std::memory_order_relaxed);
+    if (teachable && !multi_chip.load(std::memory_order_relaxed) &&
+        (deferred || strict.load(std::memory_order_relaxed))) {
       std::string key;
       key.reserve(96);
+      key.push_back(deferred ? 'R' : 'S');  // each mode's entries are the Python kernel's for that mode
       std::vector<at::Tensor> tensors;
       std::vector<TensorSlot> slots;
       auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
@@ -387,7 +406,12 @@ struct RecordingKernel final : public c10::OperatorKernel {
           if (it != cache.end()) hit = it->second;
         }
         if (hit && thread_seen) {
-          record(op, stack, n, std::move(hit), std::move(slots));
+          if (deferred) {
+            record(op, stack, n, std::move(hit), std::move(slots));
+            return;
+          }
+          if (run_strict(op, stack, n, *hit, tensors)) return;
+          call_python(op, stack, n, nullptr, nullptr, false);  // an input it cannot read plainly, an error
           return;
         }
         if (hit) {  // a thread's first: through Python, which notes the thread as one using tpu tensors
@@ -433,6 +457,118 @@ struct RecordingKernel final : public c10::OperatorKernel {
     }
     n_hits.fetch_add(1, std::memory_order_relaxed);
     if (count >= max_pending.load(std::memory_order_relaxed)) call_drain_callback();
+  }
+
+  // Strict: run the cached executable on the inputs' payload arrays and make the outputs, all from C++
+  // (Python runs only inside the jitted call and to give the outputs their payloads). False, with the
+  // stack untouched, when an input is not its storage's computed array as taught, or the call fails:
+  // the Python kernel then runs the op (and raises its error, naming the op).
+  bool run_strict(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n, const CachedOp& cached,
+                  const std::vector<at::Tensor>& tensors) {
+    py::gil_scoped_acquire gil;
+    const StrictHooks& h = strict_hooks;
+    if (h.adopt == nullptr) return false;
+    auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
+    py::tuple leaves(cached.leaves.size());
+    {
+      const bool locked = several_threads.load(std::memory_order_relaxed);  // as threads.array_of
+      if (locked && !call_method(h.donation_lock, "acquire")) return false;
+      bool plain = true;
+      for (size_t l = 0; l < cached.leaves.size() && plain; ++l) {
+        const LeafSource& source = cached.leaves[l];
+        const size_t i = source.index;
+        if (source.kind == 'o') {
+          leaves[l] = py::int_(cached.input_offsets[i]);
+        } else if (source.kind == 'n') {
+          leaves[l] = number_leaf(first[i]);
+        } else {
+          PyObject* array = payload_array(tensors[i], cached, i);
+          if (array == nullptr) plain = false;
+          else leaves[l] = py::reinterpret_steal<py::object>(array);
+        }
+      }
+      if (locked && !call_method(h.donation_lock, "release")) plain = false;
+      if (!plain) return false;
+    }
+    PyObject* prior = PyObject_CallOneArg(h.set_eval_frame, Py_None);  // outside Dynamo, as OpKernel
+    if (prior == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    PyObject* result = PyObject_Call(cached.fn, leaves.ptr(), nullptr);
+    PyObject* back = PyObject_CallOneArg(h.set_eval_frame, prior);
+    Py_DECREF(prior);
+    Py_XDECREF(back);
+    if (result == nullptr || back == nullptr) {
+      PyErr_Clear();
+      Py_XDECREF(result);
+      return false;
+    }
+    py::object value = py::reinterpret_steal<py::object>(result);
+    const size_t n_out = cached.outputs.size();
+    if (n_out > 1 && (!PySequence_Check(result) || PySequence_Size(result) != static_cast<Py_ssize_t>(n_out))) {
+      PyErr_Clear();
+      return false;
+    }
+    if (PyList_SetItem(h.last_launched, 0, value.inc_ref().ptr()) != 0) {
+      PyErr_Clear();
+      return false;
+    }
+    torch::jit::drop(*stack, n);
+    for (size_t o = 0; o < n_out; ++o) {
+      const Output& out = cached.outputs[o];
+      py::object array = n_out == 1 ? value : py::reinterpret_steal<py::object>(PySequence_GetItem(result, o));
+      const uint64_t ptr = next_ptr.fetch_add((static_cast<uint64_t>(out.nbytes) + kAlign) / kAlign * kAlign);
+      c10::Storage storage = fake_storage(ptr, out.nbytes);
+      void* weak = weak_reference(storage);
+      stack->emplace_back(device_tensor(std::move(storage), out.dtype, out.sizes, out.strides));
+      PyObject* done = PyObject_CallFunction(h.adopt, "KKOOLO", static_cast<unsigned long long>(ptr),
+                                             static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(weak)),
+                                             out.shape, out.dtype_obj, static_cast<long long>(out.nbytes), array.ptr());
+      if (done == nullptr) throw python_error();
+      Py_DECREF(done);
+    }
+    n_strict.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+
+  // A new reference to tensor input `i`'s payload array when it reads it as taught (the storage's
+  // computed array, of the taught payload shape and dtype), else nullptr.
+  static PyObject* payload_array(const at::Tensor& t, const CachedOp& cached, size_t i) {
+    PyObject* key = PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(t.storage().data_ptr().get()));
+    PyObject* payload = PyDict_GetItem(strict_hooks.payloads, key);  // borrowed
+    Py_DECREF(key);
+    if (payload == nullptr) return nullptr;
+    PyObject* array = PyObject_GetAttrString(payload, "array");
+    if (array == nullptr) {
+      PyErr_Clear();
+      return nullptr;
+    }
+    bool plain = array != Py_None && Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(strict_hooks.lazy_value_type);
+    if (plain) {
+      PyObject* dtype = PyObject_GetAttrString(payload, "dtype");
+      PyObject* shape = PyObject_GetAttrString(payload, "shape");
+      plain = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(cached.input_dtypes[i])) && shape != nullptr &&
+              PyObject_RichCompareBool(shape, cached.input_shapes[i], Py_EQ) == 1;
+      Py_XDECREF(dtype);
+      Py_XDECREF(shape);
+      PyErr_Clear();
+    }
+    if (!plain) {
+      Py_DECREF(array);
+      return nullptr;
+    }
+    return array;
+  }
+
+  static bool call_method(PyObject* obj, const char* name) {
+    PyObject* r = PyObject_CallMethod(obj, name, nullptr);
+    if (r == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    Py_DECREF(r);
+    return true;
   }
 
   void call_python(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n, const std::string* key,
@@ -578,6 +714,7 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
   auto cached = std::make_shared<CachedOp>();
   cached->outputs = std::move(outputs);
   cached->entry = entry.inc_ref().ptr();
+  cached->fn = py::object(entry.attr("fn")).release().ptr();
   cached->leaves = std::move(plan);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
@@ -808,6 +945,7 @@ py::dict recording_stats() {
   d["python_calls"] = n_python.load();
   d["pending"] = pending.load();
   d["adopted"] = n_adopted.load();
+  d["strict"] = n_strict.load();
   d["dropped"] = n_dropped.load();
   return d;
 }
@@ -819,6 +957,21 @@ void init_recorder(py::module& m) {
         "Register a recording PrivateUse1 kernel for aten overload `name` in front of Python kernel `kernel`");
   m.def("set_recording", [](bool on) { recording.store(on); }, "Record cached ops natively (DeferAndFuse)");
   m.def("recording", []() { return recording.load(); });
+  m.def("set_strict", [](bool on) { strict.store(on); }, "Run cached ops from C++ (Strict mode)");
+  m.def("set_multi_chip", [](bool on) { multi_chip.store(on); },
+        "Arrays may be sharded over several chips: leave every op to its Python kernel");
+  m.def("note_several_threads", []() { several_threads.store(true); },
+        "More than one thread uses tpu tensors: payloads are read under DONATION_LOCK");
+  m.def(
+      "install_strict",
+      [](py::object adopt, py::dict payloads, py::list last_launched, py::object lazy_value_type,
+         py::object donation_lock, py::object set_eval_frame) {
+        strict_hooks = StrictHooks{adopt.release().ptr(),          payloads.release().ptr(),
+                                   last_launched.release().ptr(),  lazy_value_type.release().ptr(),
+                                   donation_lock.release().ptr(),  set_eval_frame.release().ptr()};
+      },
+      "What the Strict fast path calls: the registry's adopt_recorded and payloads, platform.last_launched, "
+      "LazyValue, DONATION_LOCK, Dynamo's set_eval_frame");
   m.def("set_drain_callback", [](py::object fn) { drain_callback = fn.release().ptr(); },
         "Python callable that takes the native trace over when it grows long");
   m.def("set_max_pending", [](int64_t n) { max_pending.store(n < 1 ? 1 : static_cast<size_t>(n)); },
