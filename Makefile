@@ -93,6 +93,10 @@ bench-eager: install
 bench-modes: install
 	$(PY) benchmarks/bench_modes.py --out reports/bench
 
+# the C++ kernels' Strict and DeferAndFuse fast paths on and off in one process, against torch eager
+bench-native: install
+	$(PY) benchmarks/bench_native.py --out reports/bench
+
 bench-first-call: install
 	$(PY) benchmarks/bench_first_call.py --out reports/bench
 
@@ -113,7 +117,7 @@ bench-diffusers: install
 bench-dist: install
 	$(PY) benchmarks/bench_dist.py --out reports/bench
 
-bench: bench-eager bench-modes bench-first-call bench-load bench-generate bench-sharding bench-diffusers
+bench: bench-eager bench-modes bench-native bench-first-call bench-load bench-generate bench-sharding bench-diffusers
 
 lint: install
 	$(PY) -m ruff format --check hf_tpu compat tests benchmarks

@@ -227,6 +227,9 @@ def test_cuda_style_memory_and_device_helpers():
 def test_per_process_memory_fraction_caps_every_allocation():
     import torch.tpu as tpu
 
+    big = torch.ones(1 << 20, device="tpu")  # 4 MB
+    for _ in range(2):  # an op the C++ kernel runs itself from now on (native_recording.py)
+        (big + big).cpu()
     limit = (torch.tpu.memory_allocated() + (1 << 20)) / torch.tpu.mem_get_info()[1]
     tpu.set_per_process_memory_fraction(limit)
     try:
@@ -236,6 +239,7 @@ def test_per_process_memory_fraction_caps_every_allocation():
             lambda: torch.empty(1 << 20, device="tpu"),  # 4 MB
             lambda: torch.ones(1 << 20).to("tpu"),
             lambda: small.repeat(1024),
+            lambda: big + big,
         ):
             with pytest.raises(torch.OutOfMemoryError, match="set_per_process_memory_fraction"):
                 make()

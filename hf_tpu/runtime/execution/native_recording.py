@@ -26,7 +26,7 @@ import threading
 import torch
 
 from hf_tpu.runtime import native
-from hf_tpu.runtime.buffers import platform, threads
+from hf_tpu.runtime.buffers import memory, platform, threads
 from hf_tpu.runtime.buffers.dtypes import to_jax_dtype
 from hf_tpu.runtime.buffers.pending import LazyValue
 from hf_tpu.runtime.buffers.storage import REGISTRY
@@ -105,6 +105,7 @@ def install() -> None:
         LazyValue,
         DONATION_LOCK,
         torch._C._dynamo.eval_frame.set_eval_frame,
+        memory._fraction,
     )
     threads.on_another_thread(_ext.note_several_threads)
     if len(_device_threads) > 1:

@@ -127,6 +127,7 @@ struct StrictHooks {
   PyObject* lazy_value_type = nullptr;
   PyObject* donation_lock = nullptr;
   PyObject* set_eval_frame = nullptr;
+  PyObject* memory_fraction = nullptr;  // memory._fraction: below 1, every new buffer is checked in Python
 } strict_hooks;  // hand-over outputs given a payload / dead before one
 PyObject* drain_callback = nullptr;  // Python: hands the native trace over (kept for the process)
 
@@ -467,7 +468,10 @@ struct RecordingKernel final : public c10::OperatorKernel {
                   const std::vector<at::Tensor>& tensors) {
     py::gil_scoped_acquire gil;
     const StrictHooks& h = strict_hooks;
-    if (h.adopt == nullptr) return false;
+    if (h.adopt == nullptr || PyFloat_AsDouble(PyList_GET_ITEM(h.memory_fraction, 0)) != 1.0) {
+      PyErr_Clear();
+      return false;
+    }
     auto first = stack->end() - static_cast<std::ptrdiff_t>(n);
     py::tuple leaves(cached.leaves.size());
     {
@@ -965,13 +969,14 @@ void init_recorder(py::module& m) {
   m.def(
       "install_strict",
       [](py::object adopt, py::dict payloads, py::list last_launched, py::object lazy_value_type,
-         py::object donation_lock, py::object set_eval_frame) {
+         py::object donation_lock, py::object set_eval_frame, py::list memory_fraction) {
         strict_hooks = StrictHooks{adopt.release().ptr(),          payloads.release().ptr(),
                                    last_launched.release().ptr(),  lazy_value_type.release().ptr(),
-                                   donation_lock.release().ptr(),  set_eval_frame.release().ptr()};
+                                   donation_lock.release().ptr(),  set_eval_frame.release().ptr(),
+                                   memory_fraction.release().ptr()};
       },
       "What the Strict fast path calls: the registry's adopt_recorded and payloads, platform.last_launched, "
-      "LazyValue, DONATION_LOCK, Dynamo's set_eval_frame");
+      "LazyValue, DONATION_LOCK, Dynamo's set_eval_frame, memory._fraction");
   m.def("set_drain_callback", [](py::object fn) { drain_callback = fn.release().ptr(); },
         "Python callable that takes the native trace over when it grows long");
   m.def("set_max_pending", [](int64_t n) { max_pending.store(n < 1 ? 1 : static_cast<size_t>(n)); },
