@@ -359,3 +359,18 @@ def test_debug_mode_and_other_threads_keep_their_guarantees():
     torch.testing.assert_close(acc.cpu(), torch.full((4,), 200.0))
     for o in outs:
         torch.testing.assert_close(o.cpu(), torch.full((4,), 2.0))
+
+
+@pytest.mark.parametrize("mode", ["defer_never", "defer_and_fuse"])
+def test_a_view_read_as_a_computed_value_is_never_taught_as_a_plain_read(mode):
+    """A view of a never-written storage reads as zeros the kernel computes in the view's own shape; the
+    C++ kernels must not take that for a plain read of the payload (a transpose would be lost once the
+    storage is written)."""
+    with torch.tpu.eager_mode(mode):
+        base = torch.empty(2, 2, device="tpu")
+        t = base.t()
+        torch.testing.assert_close((t + 1).cpu(), torch.ones(2, 2))
+        values = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+        base.copy_(values)
+        for _ in range(2):
+            torch.testing.assert_close((t + 1).cpu(), values.t() + 1)

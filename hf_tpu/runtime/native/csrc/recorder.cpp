@@ -169,6 +169,13 @@ bool is_number_argument(const c10::Argument& arg) {
   return optional && optional->getElementType()->kind() == c10::TypeKind::NumberType;
 }
 
+bool is_tensor_argument(const c10::Argument& arg) {
+  const auto& t = arg.real_type();
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  auto optional = t->cast<c10::OptionalType>();
+  return optional && optional->getElementType()->kind() == c10::TypeKind::TensorType;
+}
+
 bool is_tensor_list_argument(const c10::Argument& arg) {
   const auto& t = arg.real_type();
   auto list = t->cast<c10::ListType>();
@@ -494,18 +501,31 @@ struct RecordingKernel final : public c10::OperatorKernel {
       if (locked && !call_method(h.donation_lock, "release")) plain = false;
       if (!plain) return false;
     }
-    PyObject* prior = PyObject_CallOneArg(h.set_eval_frame, Py_None);  // outside Dynamo, as OpKernel
+    // outside Dynamo's frame hook until the outputs are registered, as OpKernel.__call__
+    PyObject* prior = PyObject_CallOneArg(h.set_eval_frame, Py_None);
     if (prior == nullptr) {
       PyErr_Clear();
       return false;
     }
+    struct RestoreFrame {
+      PyObject* set_eval_frame;
+      PyObject* prior;
+      ~RestoreFrame() {
+        PyObject *type, *exc, *tb;  // an error in flight survives the call
+        PyErr_Fetch(&type, &exc, &tb);
+        PyObject* back = PyObject_CallOneArg(set_eval_frame, prior);
+        Py_XDECREF(back);
+        PyErr_Clear();
+        PyErr_Restore(type, exc, tb);
+        Py_DECREF(prior);
+      }
+    } restore_frame{h.set_eval_frame, prior};
     PyObject* result = PyObject_Call(cached.fn, leaves.ptr(), nullptr);
-    PyObject* back = PyObject_CallOneArg(h.set_eval_frame, prior);
-    Py_DECREF(prior);
-    Py_XDECREF(back);
-    if (result == nullptr || back == nullptr) {
+    if (result == nullptr) {
+      // the Python kernel runs the op again and raises its own error (naming the op); an interrupt
+      // (KeyboardInterrupt, SystemExit) is the user's, not the op's
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) throw python_error();
       PyErr_Clear();
-      Py_XDECREF(result);
       return false;
     }
     py::object value = py::reinterpret_steal<py::object>(result);
@@ -529,7 +549,10 @@ struct RecordingKernel final : public c10::OperatorKernel {
       PyObject* done = PyObject_CallFunction(h.adopt, "KKOOLO", static_cast<unsigned long long>(ptr),
                                              static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(weak)),
                                              out.shape, out.dtype_obj, static_cast<long long>(out.nbytes), array.ptr());
-      if (done == nullptr) throw python_error();
+      if (done == nullptr) {
+        c10::raw::weak_intrusive_ptr::decref(static_cast<c10::StorageImpl*>(weak));  // not the registry's
+        throw python_error();
+      }
       Py_DECREF(done);
     }
     n_strict.fetch_add(1, std::memory_order_relaxed);
@@ -664,6 +687,10 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
         seen.scalar_type() != t.scalar_type())
       return false;
     py::object view = views[k];
+    // read without a view: the kernel was handed the storage's whole payload, or a value it computed
+    // (zeros for a storage never written, a reinterpretation) in the tensor's own shape. Only a whole
+    // contiguous tensor can later be read as its storage's payload, so only that one is taught.
+    if (view.is_none() && (!t.is_contiguous() || t.storage_offset() != 0)) return false;
     const bool traced_offset = !view.is_none() && view.attr(offset_name).is_none();
     if (!view.is_none() && !traced_offset && !PyLong_Check(view.attr(offset_name).ptr())) return false;  // N-D
     py::object base = view.is_none() ? py::object(leaves[j].attr(shape_name)) : py::object(view.attr(base_shape_name));
@@ -686,7 +713,10 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
     } else if (is_tensor_list_argument(schema_args[i]) && (PyList_Check(obj) || PyTuple_Check(obj))) {
       for (auto element : py::reinterpret_borrow<py::sequence>(arg))
         if (!THPVariable_Check(element.ptr()) || !take_tensor(element.ptr())) return false;
-    } else if ((PyFloat_CheckExact(obj) || PyLong_CheckExact(obj)) && j < n_leaves && leaves[j].ptr() == obj) {
+    } else if ((PyFloat_CheckExact(obj) || PyLong_CheckExact(obj)) && j < n_leaves && leaves[j].ptr() == obj &&
+               (is_number_argument(schema_args[i]) || is_tensor_argument(schema_args[i]))) {
+      // a Scalar or a wrapped number (the Python kernel's NUMBER and TENSOR kinds): the only numbers it
+      // ever passes as executable inputs
       plan.push_back(LeafSource{'n', static_cast<uint32_t>(i)});  // a number the executable takes as input
       ++j;
     }
@@ -808,6 +838,13 @@ class Handover {
 
   static uint64_t ptr_of(const c10::Storage& s) { return reinterpret_cast<uintptr_t>(s.data_ptr().get()); }
 
+  // The first error a payload's registration raised, if any (taken once).
+  std::optional<py::error_already_set> take_error() {
+    std::optional<py::error_already_set> e;
+    e.swap(error_);
+    return e;
+  }
+
  private:
   void settle(uint64_t ptr, Produced& p) {
     if (c10::raw::weak_intrusive_ptr::use_count(static_cast<c10::StorageImpl*>(p.weak)) == 0) {
@@ -817,13 +854,19 @@ class Handover {
     }
     n_adopted.fetch_add(1, std::memory_order_relaxed);
     const Output& out = *p.output;
-    adopt_(py::int_(ptr), py::int_(reinterpret_cast<uintptr_t>(p.weak)), py::handle(out.shape),
-           py::handle(out.dtype_obj), py::int_(out.nbytes), p.value);
+    try {
+      adopt_(py::int_(ptr), py::int_(reinterpret_cast<uintptr_t>(p.weak)), py::handle(out.shape),
+             py::handle(out.dtype_obj), py::int_(out.nbytes), p.value);
+    } catch (py::error_already_set& e) {  // the rest are still settled; the first error is raised after
+      release(p.weak);
+      if (!error_) error_.emplace(std::move(e));
+    }
   }
 
   static void release(void* weak) { c10::raw::weak_intrusive_ptr::decref(static_cast<c10::StorageImpl*>(weak)); }
 
   py::handle adopt_;
+  std::optional<py::error_already_set> error_;
   std::unordered_map<uint64_t, size_t> readers_;
   std::unordered_map<uint64_t, Produced> produced_;
 };
@@ -937,6 +980,7 @@ size_t replay_records(py::handle fast, py::handle general, py::handle adopt, con
     handover.read_by(input_ptrs);
   }
   handover.settle_all();
+  if (auto e = handover.take_error(); e && !first_error) first_error.emplace(std::move(*e));
   if (first_error) throw std::move(*first_error);
   return records.size();
 }
