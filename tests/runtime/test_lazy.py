@@ -271,6 +271,8 @@ def test_a_failed_flush_names_the_op_and_keeps_the_other_values(defer):
     w_cpu = torch.randn(3, 3)
     p_cpu = torch.randn(3)
     w, param = w_cpu.to("tpu"), p_cpu.to("tpu")
+    for _ in range(2):  # `x + 1` at this shape is cached: the C++ recorder would record it natively
+        (w + 1).cpu()
     torch.tpu.flush()
     param.add_(1)
     failed = _failing_exp([10**9])(w)

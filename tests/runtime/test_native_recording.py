@@ -374,3 +374,16 @@ def test_a_view_read_as_a_computed_value_is_never_taught_as_a_plain_read(mode):
         base.copy_(values)
         for _ in range(2):
             torch.testing.assert_close((t + 1).cpu(), values.t() + 1)
+
+
+def test_a_full_cache_starts_again_and_keeps_recording(defer):
+    """An op seen at more argument layouts than its cache holds (512; a long process, a decode loop over
+    growing lengths) keeps being recorded natively at its current ones."""
+    for n in range(1, 530):
+        torch.neg(torch.ones(n, device="tpu"))
+    torch.tpu.flush()
+    x = torch.ones(777, device="tpu")
+    torch.neg(x).cpu()  # taught
+    before = _hits()
+    torch.testing.assert_close(torch.neg(x).cpu(), -torch.ones(777))
+    assert _hits() - before == 1

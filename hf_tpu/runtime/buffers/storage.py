@@ -32,6 +32,7 @@ _new_device_tensor = None if _native is None else _native.new_device_tensor
 # Python is handed its trace (`drain_native`)
 NATIVE_FIRST_PTR = None if _native is None else _native.FIRST_RECORDED_PTR
 _native_pending = None if _native is None else _native.pending
+_note_failed = None if _native is None else getattr(_native, "note_failed_storages", None)
 
 
 class Payload:
@@ -197,10 +198,16 @@ class StorageRegistry:
         """After a flush: payloads whose LazyValue was computed now hold the array itself."""
         with self._lock:
             pending, self._pending = self._pending, []
+        failed = []
         for ptr in pending:
             p = self._payloads.get(ptr)
-            if p is not None and type(p.array) is LazyValue and p.array.concrete is not None:
-                self.store(p, p.array.concrete)
+            if p is not None and type(p.array) is LazyValue:
+                if p.array.concrete is not None:
+                    self.store(p, p.array.concrete)
+                elif p.array.failed_op is not None:
+                    failed.append(ptr)
+        if failed and _note_failed is not None:  # ops reading these take their Python kernels (they raise)
+            _note_failed(failed)
 
     def payload(self, ptr: int) -> Payload | None:
         p = self._payloads.get(ptr)

@@ -33,6 +33,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "device_tensor.h"
@@ -63,9 +64,8 @@ struct LeafSource {
   uint32_t index;
 };
 
-// What a cache hit needs to make the output and what Python needs to record it. Python objects are
-// owned references never released: entries live as long as the process (they are few: one per op and
-// argument metadata).
+// What a cache hit needs to make the output and what Python needs to record it. It owns references to
+// its Python objects, released with it (a kernel's cache is emptied when full; records hold theirs).
 struct Output {
   std::vector<int64_t> sizes;
   std::vector<int64_t> strides;  // PyTorch's layout of the output (a permutation of row-major)
@@ -87,9 +87,26 @@ struct CachedOp {
   std::vector<int64_t> input_offsets;
   std::vector<at::ScalarType> input_dtypes;
   std::vector<LeafSource> leaves;  // the cached executable's inputs
+
+  CachedOp() = default;
+  CachedOp(const CachedOp&) = delete;
+  CachedOp& operator=(const CachedOp&) = delete;
+  ~CachedOp() {  // the Python objects it owns (the last holder may be a thread without the GIL)
+    if (!Py_IsInitialized()) return;
+    py::gil_scoped_acquire gil;
+    Py_XDECREF(entry);
+    Py_XDECREF(fn);
+    for (PyObject* shape : input_shapes) Py_XDECREF(shape);
+    for (const Output& o : outputs) {
+      Py_XDECREF(o.shape);
+      Py_XDECREF(o.dtype_obj);
+    }
+  }
 };
 
-constexpr size_t kMaxEntriesPerOp = 512;  // argument metadata seen (a moving offset makes one per step)
+// argument metadata seen (a moving offset makes one per step); a full cache starts again empty, so a long
+// process (a test suite, a decode loop over growing lengths) keeps recording its current shapes
+constexpr size_t kMaxEntriesPerOp = 512;
 
 struct Record {
   RecordingKernel* kernel;
@@ -112,6 +129,19 @@ std::atomic<bool> recording{false};
 std::atomic<bool> strict{false};           // Strict mode: cached ops run from C++ (`run_strict`)
 std::atomic<bool> several_threads{false};  // more than one thread uses tpu tensors (threads.py)
 std::atomic<bool> multi_chip{false};  // arrays may be sharded: every op takes its Python kernel
+// storages whose value a failed DeferAndFuse flush never computed: an op reading one takes its Python
+// kernel, which raises at once naming the op and the lost input (as without the recorder)
+std::mutex failed_mutex;
+std::unordered_set<uint64_t> failed_storages;
+std::atomic<bool> any_failed{false};
+
+bool reads_a_failed_value(const std::vector<at::Tensor>& tensors) {
+  if (!any_failed.load(std::memory_order_relaxed)) return false;
+  std::lock_guard<std::mutex> lock(failed_mutex);
+  for (const at::Tensor& t : tensors)
+    if (failed_storages.count(reinterpret_cast<uintptr_t>(t.storage().data_ptr().get()))) return true;
+  return false;
+}
 std::atomic<uint64_t> next_ptr{kFirstPtr};
 std::atomic<size_t> max_pending{2048};
 std::atomic<uint64_t> n_hits{0}, n_misses{0}, n_taught{0}, n_python{0};
@@ -413,6 +443,7 @@ struct RecordingKernel final : public c10::OperatorKernel {
           auto it = cache.find(key);
           if (it != cache.end()) hit = it->second;
         }
+        if (hit && reads_a_failed_value(tensors)) hit = nullptr;
         if (hit && thread_seen) {
           if (deferred) {
             record(op, stack, n, std::move(hit), std::move(slots));
@@ -668,7 +699,7 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
   }
   {
     std::lock_guard<std::mutex> lock(slot.kernel->mutex);
-    if (slot.kernel->cache.size() >= kMaxEntriesPerOp || slot.kernel->cache.count(*slot.key)) return false;
+    if (slot.kernel->cache.count(*slot.key)) return false;
   }
   const auto& tensors = *slot.tensors;
   const auto& schema_args = slot.op->schema().arguments();
@@ -760,7 +791,7 @@ bool teach(py::handle kernel, py::handle entry, py::tuple spec, py::sequence far
   }
   {
     std::lock_guard<std::mutex> lock(slot.kernel->mutex);
-    if (slot.kernel->cache.size() >= kMaxEntriesPerOp) return false;
+    if (slot.kernel->cache.size() >= kMaxEntriesPerOp) slot.kernel->cache.clear();
     slot.kernel->cache.emplace(*slot.key, std::move(cached));
   }
   slot.key = nullptr;
@@ -1006,6 +1037,14 @@ void init_recorder(py::module& m) {
   m.def("set_recording", [](bool on) { recording.store(on); }, "Record cached ops natively (DeferAndFuse)");
   m.def("recording", []() { return recording.load(); });
   m.def("set_strict", [](bool on) { strict.store(on); }, "Run cached ops from C++ (Strict mode)");
+  m.def(
+      "note_failed_storages",
+      [](const std::vector<uint64_t>& ptrs) {
+        std::lock_guard<std::mutex> lock(failed_mutex);
+        failed_storages.insert(ptrs.begin(), ptrs.end());
+        any_failed.store(!failed_storages.empty());
+      },
+      "Storages (fake pointers) holding values a failed flush never computed");
   m.def("set_multi_chip", [](bool on) { multi_chip.store(on); },
         "Arrays may be sharded over several chips: leave every op to its Python kernel");
   m.def("note_several_threads", []() { several_threads.store(true); },
