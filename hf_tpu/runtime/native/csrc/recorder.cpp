@@ -404,6 +404,36 @@ void restore_tensors(std::vector<c10::IValue>& args, const std::vector<TensorSlo
   }
 }
 
+// A new reference to the payload array of storage `ptr` (in `payloads`, the registry) when tensor input `i`
+// of `cached` reads it as taught: computed (not None, nor of type `reject`), of the taught payload shape and
+// dtype; else nullptr. What a Strict call and a hand-over both check before passing it to the executable.
+PyObject* taught_payload_array(PyObject* payloads, uint64_t ptr, const CachedOp& cached, size_t i, PyObject* reject) {
+  PyObject* key = PyLong_FromUnsignedLongLong(ptr);
+  PyObject* payload = PyDict_GetItem(payloads, key);  // borrowed
+  Py_DECREF(key);
+  if (payload == nullptr) return nullptr;
+  PyObject* array = PyObject_GetAttrString(payload, "array");
+  if (array == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  bool plain = array != Py_None && reinterpret_cast<PyObject*>(Py_TYPE(array)) != reject;
+  if (plain) {
+    PyObject* dtype = PyObject_GetAttrString(payload, "dtype");
+    PyObject* shape = PyObject_GetAttrString(payload, "shape");
+    plain = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(cached.input_dtypes[i])) && shape != nullptr &&
+            PyObject_RichCompareBool(shape, cached.input_shapes[i], Py_EQ) == 1;
+    Py_XDECREF(dtype);
+    Py_XDECREF(shape);
+    PyErr_Clear();
+  }
+  if (!plain) {
+    Py_DECREF(array);
+    return nullptr;
+  }
+  return array;
+}
+
 void call_drain_callback() {
   py::gil_scoped_acquire gil;
   if (drain_callback == nullptr) return;
@@ -524,7 +554,9 @@ struct RecordingKernel final : public c10::OperatorKernel {
         } else if (source.kind == 'n') {
           leaves[l] = number_leaf(first[i]);
         } else {
-          PyObject* array = payload_array(tensors[i], cached, i);
+          PyObject* array = taught_payload_array(
+              h.payloads, reinterpret_cast<uintptr_t>(tensors[i].storage().data_ptr().get()), cached, i,
+              h.lazy_value_type);
           if (array == nullptr) plain = false;
           else leaves[l] = py::reinterpret_steal<py::object>(array);
         }
@@ -588,35 +620,6 @@ struct RecordingKernel final : public c10::OperatorKernel {
     }
     n_strict.fetch_add(1, std::memory_order_relaxed);
     return true;
-  }
-
-  // A new reference to tensor input `i`'s payload array when it reads it as taught (the storage's
-  // computed array, of the taught payload shape and dtype), else nullptr.
-  static PyObject* payload_array(const at::Tensor& t, const CachedOp& cached, size_t i) {
-    PyObject* key = PyLong_FromUnsignedLongLong(reinterpret_cast<uintptr_t>(t.storage().data_ptr().get()));
-    PyObject* payload = PyDict_GetItem(strict_hooks.payloads, key);  // borrowed
-    Py_DECREF(key);
-    if (payload == nullptr) return nullptr;
-    PyObject* array = PyObject_GetAttrString(payload, "array");
-    if (array == nullptr) {
-      PyErr_Clear();
-      return nullptr;
-    }
-    bool plain = array != Py_None && Py_TYPE(array) != reinterpret_cast<PyTypeObject*>(strict_hooks.lazy_value_type);
-    if (plain) {
-      PyObject* dtype = PyObject_GetAttrString(payload, "dtype");
-      PyObject* shape = PyObject_GetAttrString(payload, "shape");
-      plain = dtype == reinterpret_cast<PyObject*>(torch::getTHPDtype(cached.input_dtypes[i])) && shape != nullptr &&
-              PyObject_RichCompareBool(shape, cached.input_shapes[i], Py_EQ) == 1;
-      Py_XDECREF(dtype);
-      Py_XDECREF(shape);
-      PyErr_Clear();
-    }
-    if (!plain) {
-      Py_DECREF(array);
-      return nullptr;
-    }
-    return array;
   }
 
   static bool call_method(PyObject* obj, const char* name) {
@@ -934,7 +937,6 @@ size_t replay_records(py::handle fast, py::handle general, py::handle adopt, con
   Handover handover(adopt);
   handover.count_readers(records);
   std::optional<py::error_already_set> first_error;
-  py::str array_name("array"), shape_name("shape"), dtype_name("dtype");
   std::vector<uint64_t> input_ptrs;
   for (Record& rec : records) {
     const CachedOp& cached = *rec.cached;
@@ -966,24 +968,9 @@ size_t replay_records(py::handle fast, py::handle general, py::handle adopt, con
           if (plain) arrays[l] = p->value;
           continue;
         }
-        PyObject* key = PyLong_FromUnsignedLongLong(input_ptrs[i]);
-        PyObject* payload = PyDict_GetItem(payloads.ptr(), key);  // borrowed
-        Py_DECREF(key);
-        if (payload == nullptr) {
-          plain = false;
-          break;
-        }
-        py::handle p(payload);
-        py::object array = p.attr(array_name);
-        plain = !array.is_none() &&
-                p.attr(dtype_name).ptr() == reinterpret_cast<PyObject*>(torch::getTHPDtype(cached.input_dtypes[i]));
-        if (plain) {
-          py::object shape = p.attr(shape_name);
-          int same = PyObject_RichCompareBool(shape.ptr(), cached.input_shapes[i], Py_EQ);
-          if (same < 0) throw python_error();
-          plain = same == 1;
-        }
-        if (plain) arrays[l] = std::move(array);
+        PyObject* array = taught_payload_array(payloads.ptr(), input_ptrs[i], cached, i, nullptr);
+        plain = array != nullptr;
+        if (plain) arrays[l] = py::reinterpret_steal<py::object>(array);
       }
       if (plain) leaves = std::move(arrays);
     }
